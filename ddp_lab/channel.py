@@ -1,0 +1,47 @@
+"""Messages between the launcher and its fork server, with file descriptors attached.
+
+A SOCK_SEQPACKET Unix socket keeps message boundaries, so one ``sendmsg`` is one message
+and the descriptors (a rank's output pipe, the run's lifeline) travel with it (SCM_RIGHTS).
+That lets the launcher own the read ends of pipes whose write ends live in processes it did
+not fork itself.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+
+MAX_MESSAGE = 1 << 20
+MAX_FDS = 8
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected pair; the second end is made inheritable for the fork server."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.set_inheritable(True)
+    return ours, theirs
+
+
+def send(sock: socket.socket, message: tuple, fds: list[int] = ()) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) > MAX_MESSAGE:
+        raise ValueError(f"message of {len(data)} bytes is larger than {MAX_MESSAGE}")
+    socket.send_fds(sock, [data], list(fds))
+
+
+def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
+    """One message and its descriptors; ``(None, [])`` once the peer has gone."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    if not data:
+        for fd in fds:
+            _close_quietly(fd)
+        return None, []
+    return pickle.loads(data), fds
+
+
+def _close_quietly(fd: int) -> None:
+    import os
+    try:
+        os.close(fd)
+    except OSError:
+        pass

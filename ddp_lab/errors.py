@@ -1,0 +1,82 @@
+"""The exceptions a run raises: what failed, on which rank, and what to do about it.
+
+They are plain data plus a message, so a notebook can both print them and inspect them
+(``err.rank``, ``err.traceback``, ``err.stuck_ranks``...) in an assert cell.
+"""
+
+from __future__ import annotations
+
+
+class DistributedRunError(RuntimeError):
+    """Base class of every failure of a multi-rank run started by ddp_lab."""
+
+
+class WorkerError(DistributedRunError):
+    """A rank failed. ``rank`` is the root cause; ``knock_on`` lists ranks that only died
+    because of it (a peer's collective broke, or the launcher stopped them).
+
+    Attributes: rank, exitcode, traceback (str, the root-cause rank's), logs (list of every
+    rank's output), knock_on (dict rank -> one-line reason).
+    """
+
+    def __init__(self, rank: int, exitcode: int | None, traceback: str, logs: list[str],
+                 knock_on: dict[int, str] | None = None):
+        self.rank = rank
+        self.exitcode = exitcode
+        self.traceback = traceback
+        self.logs = logs
+        self.knock_on = dict(knock_on or {})
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        head = f"rank {self.rank} failed ({describe_exit(self.exitcode)}); it is the root cause."
+        lines = [head, "", self.traceback.rstrip() or "(no Python traceback: see its log)"]
+        if self.knock_on:
+            lines += ["", "Knock-on failures (they stopped because rank "
+                      f"{self.rank} did, look at rank {self.rank} first):"]
+            lines += [f"  rank {r}: {why}" for r, why in sorted(self.knock_on.items())]
+        lines += ["", "Each rank's full output is in err.logs[rank]."]
+        return "\n".join(lines)
+
+
+class WorkerTimeout(DistributedRunError):
+    """The run did not finish within ``timeout`` seconds.
+
+    ``stuck_ranks`` are the ranks still running at the deadline; ``stacks[rank]`` is where
+    each one was waiting (Python stack, oldest call first), taken just before they were killed.
+    """
+
+    def __init__(self, timeout: float, stuck_ranks: list[int], stacks: dict[int, str],
+                 logs: list[str]):
+        self.timeout = timeout
+        self.stuck_ranks = list(stuck_ranks)
+        self.stacks = dict(stacks)
+        self.logs = logs
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        done = sorted(set(range(len(self.logs))) - set(self.stuck_ranks))
+        lines = [f"timed out after {self.timeout:g} s: ranks {self.stuck_ranks} were still "
+                 f"running" + (f" (ranks {done} had finished)." if done else "."),
+                 "A collective that some rank never joins waits forever: check that every "
+                 "rank calls the same collectives in the same order (uneven data is the "
+                 "usual cause), or raise timeout= if the work is just slow.", ""]
+        for rank in self.stuck_ranks:
+            lines += [f"rank {rank} was here:", _indent(self.stacks.get(rank, "(no stack)")), ""]
+        return "\n".join(lines).rstrip()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        import signal
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.rstrip().splitlines())

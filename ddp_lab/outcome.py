@@ -1,0 +1,108 @@
+"""What a finished session amounts to: the ranks' values, or the error that explains it.
+
+The root cause of a crash is the rank that failed first for a reason of its own; ranks whose
+error is a broken connection (the usual way a peer's death shows up in gloo or NCCL), or
+that the launcher stopped, are knock-on failures listed after it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+from ddp_lab.errors import DistributedRunError, WorkerError, WorkerTimeout, describe_exit
+
+KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
+                  "communicator was aborted", "socket closed", "distnetworkerror",
+                  "connection refused", "read error", "recv error", "eof")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What ``ddp_lab.run`` returns: ``values[rank]``, ``logs[rank]``, ``seconds``."""
+
+    values: list
+    logs: list[str]
+    seconds: float
+    backend: str = "gloo"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, rank: int):
+        return self.values[rank]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __repr__(self) -> str:
+        shown = repr(self.values)
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        return (f"RunResult(world_size={self.world_size}, backend={self.backend!r}, "
+                f"seconds={self.seconds:.2f}, values={shown})")
+
+
+def conclude(session) -> RunResult:
+    logs = session.logs()
+    if session.timed_out:
+        stuck = sorted(session.stacks)
+        raise WorkerTimeout(session.config.timeout, stuck, session.stacks, logs)
+    failed = [s for s in session.ranks if s.exitcode != 0]
+    if failed:
+        raise _worker_error(session, failed, logs)
+    values = [_load(session.files.result(s.rank)) for s in session.ranks]
+    return RunResult(values, logs, session.seconds, session.config.backend)
+
+
+def _worker_error(session, failed, logs) -> DistributedRunError:
+    if any(s.exitcode is None for s in failed):
+        return DistributedRunError("the ddp_lab fork server died during the run; every rank "
+                                   "was stopped. Run again: a new one is started.")
+    records = {s.rank: _load(session.files.error(s.rank)) for s in failed}
+    root = _root_cause(failed, records)
+    knock_on = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
+                for s in failed if s is not root}
+    record = records.get(root.rank)
+    trace = record["traceback"] if record else _log_tail(logs[root.rank])
+    return WorkerError(root.rank, root.exitcode, trace, logs, knock_on)
+
+
+def _root_cause(failed, records):
+    def failed_at(state):
+        record = records.get(state.rank)
+        return record["time"] if record else state.exit_time
+
+    own = [s for s in failed if not s.stopped_by_launcher]
+    primary = [s for s in own if not looks_like_knock_on(records.get(s.rank))]
+    return min(primary or own or failed, key=failed_at)
+
+
+def looks_like_knock_on(record: dict | None) -> bool:
+    if record is None:
+        return False
+    text = f"{record['type']}: {record['message']}".lower()
+    return any(sign in text for sign in KNOCK_ON_SIGNS)
+
+
+def _knock_on_reason(state, record, root_rank: int) -> str:
+    if state.stopped_by_launcher:
+        return f"stopped by the launcher after rank {root_rank} failed"
+    if record:
+        first_line = (record["message"].strip().splitlines() or [""])[0]
+        return f"{record['type']}: {first_line[:160]}"
+    return describe_exit(state.exitcode)
+
+
+def _log_tail(log: str, lines: int = 40) -> str:
+    return "\n".join(log.splitlines()[-lines:])
+
+
+def _load(path):
+    try:
+        return pickle.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
