@@ -20,8 +20,9 @@ class WorkerError(DistributedRunError):
     """
 
     def __init__(self, rank: int, exitcode: int | None, traceback: str, logs: list[str],
-                 knock_on: dict[int, str] | None = None):
+                 knock_on: dict[int, str] | None = None, hint: str = ""):
         self.rank = rank
+        self.hint = hint
         self.exitcode = exitcode
         self.traceback = traceback
         self.logs = logs
@@ -31,6 +32,8 @@ class WorkerError(DistributedRunError):
     def _message(self) -> str:
         head = f"rank {self.rank} failed ({describe_exit(self.exitcode)}); it is the root cause."
         lines = [head, "", self.traceback.rstrip() or "(no Python traceback: see its log)"]
+        if self.hint:
+            lines += ["", self.hint]
         if self.knock_on:
             lines += ["", "Knock-on failures (they stopped because rank "
                       f"{self.rank} did, look at rank {self.rank} first):"]

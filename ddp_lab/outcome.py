@@ -8,8 +8,11 @@ that the launcher stopped, are knock-on failures listed after it.
 from __future__ import annotations
 
 import pickle
+import re
 from dataclasses import dataclass
 
+from ddp_lab.heartbeat import describe_ranks
+from ddp_lab.stacks import describe_crash
 from ddp_lab.errors import DistributedRunError, WorkerError, WorkerTimeout, describe_exit
 
 KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
@@ -67,8 +70,23 @@ def _worker_error(session, failed, logs) -> DistributedRunError:
     knock_on = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
                 for s in failed if s is not root}
     record = records.get(root.rank)
-    trace = record["traceback"] if record else _log_tail(logs[root.rank])
-    return WorkerError(root.rank, root.exitcode, trace, logs, knock_on)
+    trace = record["traceback"] if record else describe_crash(logs[root.rank])
+    return WorkerError(root.rank, root.exitcode, trace, logs, knock_on,
+                       hint=_early_exit_hint(session, root, records))
+
+
+def _early_exit_hint(session, root, records) -> str:
+    """Gloo turns 'a peer left while we wait in a collective' into a connection error: say
+    so when the 'root cause' is such an error and some rank had already finished."""
+    if not looks_like_knock_on(records.get(root.rank)):
+        return ""
+    finished = [s.rank for s in session.ranks if s.exitcode == 0]
+    if not finished:
+        return ""
+    return (f"{describe_ranks(finished).capitalize()} returned while the others still waited in a "
+            "collective: the ranks did not call the same collectives the same number of "
+            "times (uneven data per rank is the usual cause; see notebook 08 and "
+            "torch.distributed.algorithms.Join).")
 
 
 def _root_cause(failed, records):
@@ -92,13 +110,14 @@ def _knock_on_reason(state, record, root_rank: int) -> str:
     if state.stopped_by_launcher:
         return f"stopped by the launcher after rank {root_rank} failed"
     if record:
-        first_line = (record["message"].strip().splitlines() or [""])[0]
-        return f"{record['type']}: {first_line[:160]}"
+        return f"{record['type']}: {short_message(record['message'])}"
     return describe_exit(state.exitcode)
 
 
-def _log_tail(log: str, lines: int = 40) -> str:
-    return "\n".join(log.splitlines()[-lines:])
+def short_message(message: str, limit: int = 120) -> str:
+    """First line, without gloo's '[/path/to/pair.cc:553] ' prefix, cut at a word."""
+    first = re.sub(r"^\[[^\]]*\]\s*", "", (message.strip().splitlines() or [""])[0])
+    return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _load(path):

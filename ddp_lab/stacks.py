@@ -11,7 +11,7 @@ from pathlib import Path
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
-_OURS = ("ddp_lab/worker.py", "ddp_lab\\worker.py")
+_LAUNCHER_FILES = ("ddp_lab/worker.py", "ddp_lab/zygote.py", "<frozen runpy>")
 
 
 def read_stack_dump(path: Path, until: float) -> str:
@@ -29,10 +29,23 @@ def read_stack_dump(path: Path, until: float) -> str:
 def format_dump(text: str) -> str:
     threads = [t for t in _split_threads(text) if not _is_launcher_thread(t[1])]
     blocks = []
-    for index, (header, frames) in enumerate(threads):
+    for header, frames in threads:
         title = "Stack (oldest call first)" if len(threads) == 1 else f"{header}, oldest call first"
-        blocks.append("\n".join([title + ":"] + [_frame_text(f) for f in reversed(frames)]))
+        user_frames = _without_launcher(list(reversed(frames)))
+        blocks.append("\n".join([title + ":"] + [_frame_text(f) for f in user_frames]))
     return "\n\n".join(blocks)
+
+
+def _without_launcher(frames: list) -> list:
+    """Drop the outer frames that are ddp_lab's own start-up, keep the user's calls."""
+    start = 0
+    while start < len(frames) - 1 and _is_launcher_file(frames[start][0]):
+        start += 1
+    return frames[start:]
+
+
+def _is_launcher_file(file: str) -> bool:
+    return file.replace("\\", "/").endswith(_LAUNCHER_FILES)
 
 
 def _split_threads(text: str) -> list[tuple[str, list[tuple[str, int, str]]]]:
@@ -46,13 +59,23 @@ def _split_threads(text: str) -> list[tuple[str, list[tuple[str, int, str]]]]:
 
 
 def _is_launcher_thread(frames) -> bool:
-    return any(f[0].endswith(_OURS) and f[2] == "watch" for f in frames)
+    return any(_is_launcher_file(f[0]) and f[2] == "watch" for f in frames)
 
 
 def _frame_text(frame: tuple[str, int, str]) -> str:
     file, line, func = frame
     source = linecache.getline(file, line).strip()
     return f'  File "{file}", line {line}, in {func}' + (f"\n    {source}" if source else "")
+
+
+def describe_crash(log: str) -> str:
+    """A rank that died without a Python exception (a segfault, say): faulthandler's
+    report from its log, reformatted, or the log's last lines."""
+    fatal = [line for line in log.splitlines() if line.startswith("Fatal Python error")]
+    stack = format_dump(log)
+    if fatal and stack:
+        return fatal[-1] + "\n\n" + stack
+    return "\n".join(log.splitlines()[-40:])
 
 
 def waiting_in(stack: str) -> str | None:

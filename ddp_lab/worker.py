@@ -160,11 +160,20 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _record_error(path: Path, exc: BaseException) -> None:
-    text = "".join(traceback.format_exception(exc))
+    text = "".join(traceback.format_exception(exc.with_traceback(_user_frames(exc))))
     sys.stderr.write(text)
     record = {"type": type(exc).__name__, "message": str(exc), "traceback": text,
               "time": time.monotonic()}
     _write(path, record)
+
+
+def _user_frames(exc: BaseException):
+    """The traceback without the launcher's own frames: it should start at the user's code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
 
 
 def _write(path: Path, value) -> None:
