@@ -31,7 +31,10 @@ def send(sock: socket.socket, message: tuple, fds: list[int] = ()) -> None:
 
 def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
     """One message and its descriptors; ``(None, [])`` once the peer has gone."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    except ConnectionResetError:  # the peer died (SEQPACKET reports it so, not as EOF)
+        return None, []
     if not data:
         for fd in fds:
             _close_quietly(fd)

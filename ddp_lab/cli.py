@@ -26,7 +26,7 @@ def _add_notebooks(sub) -> None:
 
 
 def _summary_table(reports) -> str:
-    width = max(len(r.name) for r in reports)
+    width = max(len("notebook"), *(len(r.name) for r in reports))
     lines = [f"{'notebook':<{width}}  status  seconds"]
     for r in reports:
         lines.append(f"{r.name:<{width}}  {'ok' if r.ok else 'FAILED':<6}  {r.seconds:7.1f}")

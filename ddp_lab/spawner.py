@@ -132,6 +132,13 @@ class _Holder:
                 self._server = ForkServer()
             return self._server
 
+    def pid(self) -> int | None:
+        """The running server's pid (None when there is none): it is the one process a
+        launcher keeps between runs."""
+        server = self._server
+        alive = server is not None and server.alive and server.pid_owner == os.getpid()
+        return server.process.pid if alive else None
+
     def shutdown(self) -> None:
         with self._lock:
             if self._server is not None and self._server.pid_owner == os.getpid():
@@ -143,3 +150,4 @@ _holder = _Holder()
 atexit.register(_holder.shutdown)
 get_fork_server = _holder.get
 shutdown = _holder.shutdown
+fork_server_pid = _holder.pid

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -38,7 +39,7 @@ def preload() -> None:
 class Server:
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.children: set[int] = set()
+        self.children: dict[int, str] = {}  # pid -> its run folder
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -77,7 +78,7 @@ class Server:
         _setpgid_quietly(pid)  # also done in the child: whichever runs first wins the race
         for fd in fds:
             os.close(fd)
-        self.children.add(pid)
+        self.children[pid] = spec.run_dir
         return self._tell(("spawned", request_id, pid))
 
     def _become_rank(self, spec, fds: list[int]) -> None:
@@ -103,7 +104,7 @@ class Server:
                 break
             if pid == 0:
                 break
-            self.children.discard(pid)
+            self.children.pop(pid, None)
             _kill_group(pid, signal.SIGKILL)  # a rank's own children (DataLoader workers)
             if not self._tell(("exited", pid, os.waitstatus_to_exitcode(status))):
                 return False
@@ -117,13 +118,15 @@ class Server:
             return False  # the launcher is gone
 
     def shutdown(self) -> None:
-        for pid in list(self.children):
+        """The launcher is gone: kill its ranks and remove the run folders it cannot."""
+        for pid in self.children:
             _kill_group(pid, signal.SIGKILL)
-        for pid in list(self.children):
+        for pid, run_dir in self.children.items():
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _setpgid_quietly(pid: int) -> None:

@@ -1,0 +1,21 @@
+"""One demo module per notebook. ``DEMOS`` maps the names ``ddp-lab run NAME`` accepts to
+the function each rank calls; later notebooks add their entries here."""
+
+from __future__ import annotations
+
+import importlib
+
+DEMOS = {
+    "hello": "ddp_lab.demos.launching:hello",
+    "all_reduce": "ddp_lab.demos.launching:all_reduce_ranks",
+    "crash": "ddp_lab.demos.launching:crash_on_last_rank",
+    "hang": "ddp_lab.demos.launching:hang_without_rank0",
+}
+
+
+def load_demo(name: str):
+    """The worker function behind a demo name, or a ValueError listing the names."""
+    if name not in DEMOS:
+        raise ValueError(f"unknown demo {name!r}; choose one of: {', '.join(sorted(DEMOS))}")
+    module, function = DEMOS[name].split(":")
+    return getattr(importlib.import_module(module), function)

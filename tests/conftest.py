@@ -1,0 +1,58 @@
+"""Every test must leave nothing behind: no worker process, no listening port, no run folder.
+
+The fork server is the one process a launcher keeps (it is the launcher's, started once and
+reused); everything it forked must be gone when a test ends.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from ddp_lab.spawner import fork_server_pid
+
+
+def leftover_processes() -> list[psutil.Process]:
+    keep = {fork_server_pid()}
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in keep and _alive(p)]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until_gone(pids, seconds: float = 10.0) -> list[int]:
+    """The pids still alive (zombies count as gone) after waiting up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and _alive(psutil.Process(pid))]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def run_folders() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddp_lab-*")))
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    folders_before = run_folders()
+    yield
+    deadline = time.monotonic() + 10
+    while leftover_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = leftover_processes()
+    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+    listening = [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
+    assert not listening, f"ports left listening: {listening}"
+    assert run_folders() <= folders_before, "a ddp_lab run folder was left behind"
