@@ -53,22 +53,75 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-# --- doctor (ddp_lab.doctor): not registered yet --------------------------------------
+# --- doctor ----------------------------------------------------------------------------
 
-# --- run (ddp_lab.demos): not registered yet -------------------------------------------
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="check torch, the backends and a real 2-rank run")
+    p.set_defaults(handler=_cmd_doctor)
 
-# --- bench (ddp_lab.bench): not registered yet -----------------------------------------
 
-# Each subcommand follows _add_notebooks: `_add_<name>(sub)` adds its parser and sets
-# `handler=_cmd_<name>`; the handler imports its module inside the function and returns
-# the exit code; `_add_<name>` is then appended to REGISTRARS.
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from ddp_lab import doctor
+    return doctor.main()
 
-REGISTRARS: tuple[Registrar, ...] = (_add_notebooks,)
+
+# --- run -------------------------------------------------------------------------------
+
+def _add_run(sub) -> None:
+    from ddp_lab.demos import DEMOS
+    p = sub.add_parser("run", help="run one of the course's demos on N ranks",
+                       description="demos: " + ", ".join(sorted(DEMOS)))
+    p.add_argument("demo", help="demo name (see above)")
+    p.add_argument("-n", "--world-size", type=int, default=4, help="number of ranks")
+    p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before it is stopped")
+    p.set_defaults(handler=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import ddp_lab
+    from ddp_lab.demos import load_demo
+    try:
+        fn = load_demo(args.demo)
+        res = ddp_lab.run(fn, world_size=args.world_size, backend=args.backend,
+                          timeout=args.timeout)
+    except (ValueError, TypeError, ddp_lab.DistributedRunError) as exc:
+        print(f"ddp-lab run {args.demo}: {exc}", file=sys.stderr)
+        return 1
+    for rank, value in enumerate(res.values):
+        print(f"rank {rank} returned: {value!r}")
+    print(f"{res.world_size} ranks, backend {res.backend}, {res.seconds:.2f} s")
+    return 0
+
+
+# --- bench -----------------------------------------------------------------------------
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks, measured as ratios against peers")
+    which = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    launch = which.add_parser("launch", help="torchrun vs mp.spawn vs ddp_lab cold/warm")
+    launch.add_argument("-n", "--world-size", type=int, default=4)
+    launch.add_argument("--repeats", type=int, default=3, help="runs of each slow launcher")
+    launch.add_argument("--warm-repeats", type=int, default=10)
+    launch.set_defaults(handler=_cmd_bench_launch)
+
+
+def _cmd_bench_launch(args: argparse.Namespace) -> int:
+    from ddp_lab import bench
+    times = bench.measure_launches(
+        args.world_size, args.repeats, args.warm_repeats,
+        progress=lambda name, s: print(f"  {name:<16} {s:7.3f} s", flush=True))
+    print("\n" + bench.format_report(times))
+    return 0
+
+
+REGISTRARS: tuple[Registrar, ...] = (_add_doctor, _add_run, _add_notebooks, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ddp-lab", description="The ddp-lab course: PyTorch distributed, launched from Jupyter."
+        prog="ddp-lab",
+        description="The ddp-lab course: PyTorch distributed, launched from Jupyter.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in REGISTRARS:

@@ -17,7 +17,7 @@ from ddp_lab.errors import DistributedRunError, WorkerError, WorkerTimeout, desc
 
 KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                   "communicator was aborted", "socket closed", "distnetworkerror",
-                  "connection refused", "read error", "recv error", "eof")
+                  "connection refused", "read error", "recv error")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ def _worker_error(session, failed, logs) -> DistributedRunError:
         return DistributedRunError("the ddp_lab fork server died during the run; every rank "
                                    "was stopped. Run again: a new one is started.")
     records = {s.rank: _load(session.files.error(s.rank)) for s in failed}
+    logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
+            for r, log in enumerate(logs)]
     root = _root_cause(failed, records)
     knock_on = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
                 for s in failed if s is not root}

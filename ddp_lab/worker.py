@@ -161,7 +161,10 @@ def _exit_code(exc: SystemExit) -> int:
 
 def _record_error(path: Path, exc: BaseException) -> None:
     text = "".join(traceback.format_exception(exc.with_traceback(_user_frames(exc))))
-    sys.stderr.write(text)
+    # One line live; the whole traceback reaches the launcher in the record (and the logs),
+    # so a crash of 8 ranks does not print 8 tracebacks into the cell.
+    first = (str(exc).strip().splitlines() or [""])[0]
+    sys.stderr.write(f"{type(exc).__name__}: {first[:300]}\n")
     record = {"type": type(exc).__name__, "message": str(exc), "traceback": text,
               "time": time.monotonic()}
     _write(path, record)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 
 def hello() -> dict:
@@ -52,3 +53,70 @@ def hang_without_rank0(busy_s: float = 3600.0) -> int:
     else:
         dist.all_reduce(torch.ones(1))
     return dist.get_rank()
+
+
+@dataclass(frozen=True)
+class SpawnAttempt:
+    """What ``torch.multiprocessing.spawn`` did with a function: the parent's exception and
+    what the children wrote to stderr (which Jupyter never shows in the cell)."""
+
+    exception: str
+    children_stderr: str
+
+    @property
+    def child_errors(self) -> list[str]:
+        return [line for line in self.children_stderr.splitlines()
+                if line.startswith(("AttributeError", "PicklingError", "RuntimeError"))]
+
+
+def try_mp_spawn(fn, nprocs: int = 2) -> SpawnAttempt:
+    """Run ``mp.spawn(fn, nprocs=nprocs)`` with stderr captured at the file-descriptor level,
+    since the children write there directly, bypassing the notebook's output capture."""
+    import tempfile
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            mp.spawn(fn, nprocs=nprocs)
+            outcome = "no exception"
+        except Exception as exc:  # noqa: BLE001 - the failure is the lesson
+            outcome = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return SpawnAttempt(outcome, log.read().decode("utf-8", "replace"))
+
+
+def check_max_of_squares(fn, world_sizes=(2, 3)) -> str:
+    """The exercise's checker: runs the learner's own function on real ranks and compares
+    every rank's answer with max(rank**2) over the ranks."""
+    import ddp_lab
+    for n in world_sizes:
+        res = ddp_lab.run(fn, world_size=n, timeout=30, echo=False)
+        expected = (n - 1) ** 2
+        wrong = {rank: v for rank, v in enumerate(res.values) if v != expected}
+        if wrong:
+            raise AssertionError(f"with {n} ranks every rank should return {expected}; "
+                                 f"these did not: {wrong}")
+    return f"passed on {', '.join(map(str, world_sizes))} ranks"
+
+
+def leftover_processes() -> list:
+    """Processes this kernel started that are still alive, leaving out the two helpers that
+    are meant to stay: ddp_lab's fork server and multiprocessing's resource tracker (which
+    mp.spawn starts once per kernel). After any run, this should be empty."""
+    import psutil
+    import ddp_lab.spawner
+    keep = {ddp_lab.spawner.fork_server_pid()}
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in keep and "resource_tracker" not in " ".join(_cmdline(p))]
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []

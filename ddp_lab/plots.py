@@ -1,0 +1,27 @@
+"""Figures drawn from real results. Each function takes results and returns a Figure
+(never plt.show()), so notebooks display it and tests can inspect it."""
+
+from __future__ import annotations
+
+import statistics
+
+from matplotlib.figure import Figure
+
+
+def launch_latency(times) -> Figure:
+    """Median launch + all_reduce time per launcher (bench.LaunchTimes), log scale, with
+    every repeat as a dot so the spread is visible."""
+    names = list(times.seconds)
+    medians = [statistics.median(times.seconds[n]) for n in names]
+    fig = Figure(figsize=(7, 3.2), layout="constrained")
+    ax = fig.subplots()
+    bars = ax.barh(names, medians, color=["#8c8c8c", "#b0b0b0", "#4c72b0", "#55a868"][:len(names)])
+    for row, name in enumerate(names):
+        ax.plot(times.seconds[name], [row] * len(times.seconds[name]), "k.", alpha=0.6)
+    ax.bar_label(bars, labels=[f"{m:.2f} s" for m in medians], padding=8)
+    ax.set_xscale("log")
+    ax.set_xlim(min(medians) / 2, max(medians) * 4)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (log scale): start ranks, all_reduce, collect, clean up")
+    ax.set_title(f"Launching a {times.world_size}-rank all_reduce, measured on this machine")
+    return fig

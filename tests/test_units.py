@@ -1,0 +1,62 @@
+"""Pure functions of the launcher, no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_lab.heartbeat import describe_ranks
+from ddp_lab.outcome import looks_like_knock_on, short_message
+from ddp_lab.stacks import format_dump, waiting_in
+from ddp_lab.session import threads_per_rank
+
+DUMP = '''Thread 0x00007f0000000001 (most recent call first):
+  File "/x/ddp_lab/worker.py", line 90 in watch
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/site/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/site/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/tmp/ipykernel_1/123.py", line 7 in uneven_work
+  File "/x/ddp_lab/worker.py", line 130 in _call_function
+  File "/x/ddp_lab/zygote.py", line 90 in _become_rank
+  File "<frozen runpy>", line 88 in _run_code
+'''
+
+
+def test_stack_dump_is_oldest_first_without_launcher_frames():
+    text = format_dump(DUMP)
+    lines = [l for l in text.splitlines() if l.strip().startswith("File")]
+    assert [l.split(" in ")[-1] for l in lines] == ["uneven_work", "wrapper", "all_reduce"]
+    assert "watch" not in text and "zygote" not in text
+    assert waiting_in(text) == "all_reduce"
+
+
+def test_stack_dump_quotes_source_from_linecache(tmp_path):
+    import linecache
+    linecache.cache["<cell 9>"] = (20, None, ["x = 1\n", "dist.barrier()\n"], "<cell 9>")
+    dump = 'Current thread 0x1 (most recent call first):\n  File "<cell 9>", line 2 in f\n'
+    assert "    dist.barrier()" in format_dump(dump)
+
+
+@pytest.mark.parametrize("ranks, text", [([3], "rank 3"), ([0, 1, 2, 3], "ranks 0-3"),
+                                         ([0, 2], "ranks 0, 2")])
+def test_describe_ranks(ranks, text):
+    assert describe_ranks(ranks) == text
+
+
+def test_gloo_prefix_is_dropped_and_long_messages_cut_at_a_word():
+    msg = "[/__w/pytorch/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1. " + "x " * 100
+    short = short_message(msg)
+    assert short.startswith("Connection closed by peer") and short.endswith(" ...")
+    assert len(short) <= 124
+
+
+def test_knock_on_errors_are_recognised():
+    assert looks_like_knock_on({"type": "RuntimeError", "message": "Connection reset by peer"})
+    assert not looks_like_knock_on({"type": "ValueError", "message": "bad batch"})
+    assert not looks_like_knock_on(None)
+
+
+def test_threads_per_rank_never_below_one():
+    assert threads_per_rank(1000) == 1
+    assert threads_per_rank(1) >= 1
