@@ -7,10 +7,12 @@
 
 from ddp_lab.errors import DistributedRunError, WorkerError, WorkerTimeout
 from ddp_lab.launch import run, run_script
+from ddp_lab.magic import load_ipython_extension
 from ddp_lab.outcome import RunResult
+from ddp_lab.progress import progress
 from ddp_lab.spawner import shutdown
 from ddp_lab.worker import report
 
 __all__ = ["run", "run_script", "report", "RunResult", "DistributedRunError", "WorkerError",
-           "WorkerTimeout", "shutdown"]
+           "WorkerTimeout", "shutdown", "progress", "load_ipython_extension"]
 __version__ = "0.1.0"

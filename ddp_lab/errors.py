@@ -6,9 +6,16 @@ They are plain data plus a message, so a notebook can both print them and inspec
 
 from __future__ import annotations
 
+import re
+
 
 class DistributedRunError(RuntimeError):
     """Base class of every failure of a multi-rank run started by ddp_lab."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a traceback through the launcher: the
+        message already holds the rank's own traceback, which is what matters."""
+        return f"{type(self).__name__}: {self}".splitlines()
 
 
 class WorkerError(DistributedRunError):
@@ -83,3 +90,9 @@ def describe_exit(exitcode: int | None) -> str:
 
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines())
+
+
+def short_message(message: str, limit: int = 120) -> str:
+    """First line, without gloo's '[/path/to/pair.cc:553] ' prefix, cut at a word."""
+    first = re.sub(r"^\[[^\]]*\]\s*", "", (message.strip().splitlines() or [""])[0])
+    return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + " ..."

@@ -24,6 +24,7 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     ``.logs``). Returns a RunResult; raises WorkerError if a rank fails and WorkerTimeout if
     the ranks are still running after ``timeout`` seconds.
     """
+    __tracebackhide__ = True  # IPython shows the error, not the launcher's frames
     checks.check_callable(fn)
     config = LaunchConfig(world_size=checks.check_world_size(world_size),
                           backend=checks.check_backend(backend),
@@ -37,6 +38,7 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
                timeout: float = 300.0, env=None, *, echo: bool = True) -> RunResult:
     """Run a torchrun-compatible script (``init_process_group(init_method="env://")``) on
     ``world_size`` ranks. ``ddp_lab.report(value)`` in the script sets ``values[rank]``."""
+    __tracebackhide__ = True
     path, script_args = checks.check_script(script, script_args)
     config = LaunchConfig(world_size=checks.check_world_size(world_size),
                           backend=checks.check_backend(backend),
@@ -68,6 +70,7 @@ def interactive_sources() -> dict:
 
 
 def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
+    __tracebackhide__ = True
     if config.backend == "nccl":
         checks.check_gpus("nccl", config.world_size, _gpu_count())
     get_fork_server()  # it imports torch while this process resolves the backend

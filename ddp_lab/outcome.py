@@ -8,12 +8,12 @@ that the launcher stopped, are knock-on failures listed after it.
 from __future__ import annotations
 
 import pickle
-import re
 from dataclasses import dataclass
 
+from ddp_lab.errors import (DistributedRunError, WorkerError, WorkerTimeout, describe_exit,
+                            short_message)
 from ddp_lab.heartbeat import describe_ranks
 from ddp_lab.stacks import describe_crash
-from ddp_lab.errors import DistributedRunError, WorkerError, WorkerTimeout, describe_exit
 
 KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
                   "communicator was aborted", "socket closed", "distnetworkerror",
@@ -50,6 +50,7 @@ class RunResult:
 
 
 def conclude(session) -> RunResult:
+    __tracebackhide__ = True
     logs = session.logs()
     if session.timed_out:
         stuck = sorted(session.stacks)
@@ -114,12 +115,6 @@ def _knock_on_reason(state, record, root_rank: int) -> str:
     if record:
         return f"{record['type']}: {short_message(record['message'])}"
     return describe_exit(state.exitcode)
-
-
-def short_message(message: str, limit: int = 120) -> str:
-    """First line, without gloo's '[/path/to/pair.cc:553] ' prefix, cut at a word."""
-    first = re.sub(r"^\[[^\]]*\]\s*", "", (message.strip().splitlines() or [""])[0])
-    return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def _load(path):

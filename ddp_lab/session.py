@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ddp_lab.echo import make_echo, visible_text
 from ddp_lab.spawner import get_fork_server
 from ddp_lab.worker import RUN_DIR_VAR, RankSpec, RunFiles
 
@@ -66,6 +67,7 @@ class Session:
         self.timed_out = False
         self.stacks: dict[int, str] = {}
         self.killing = False  # ranks were sent SIGKILL; only their exit reports are awaited
+        self.echo = make_echo(config.echo)
         self.seconds = 0.0
 
     # -- set-up -------------------------------------------------------------------------
@@ -181,12 +183,12 @@ class Session:
     def _take_lines(self, state: RankState, data: bytes) -> None:
         *complete, state.partial = data.split(b"\n")
         for raw in complete:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
+            line = visible_text(raw)
             state.lines.append(line)
-            if self.config.echo:
-                sys.stdout.write(f"[rank {state.rank}] {line}\n")
-        if complete and self.config.echo:
-            sys.stdout.flush()
+            self.echo.line(state.rank, line)
+        if b"\r" in state.partial:  # a progress bar redrawing itself
+            self.echo.status(state.rank, visible_text(state.partial))
+            state.partial = state.partial[state.partial.rfind(b"\r"):]
 
     def _drain_events(self, block_s: float) -> None:
         by_pid = {s.pid: s for s in self.ranks}
@@ -223,6 +225,7 @@ class Session:
             self._stop_ranks()
         finally:
             self._release()
+            self.echo.close()
 
     def _stop_ranks(self) -> None:
         for state in self.ranks:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
-_LAUNCHER_FILES = ("ddp_lab/worker.py", "ddp_lab/zygote.py", "<frozen runpy>")
+_LAUNCHER_FILES = ("ddp_lab/worker.py", "ddp_lab/cell.py", "ddp_lab/zygote.py",
+                   "<frozen runpy>")
 
 
 def read_stack_dump(path: Path, until: float) -> str:

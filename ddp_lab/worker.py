@@ -22,8 +22,11 @@ from pathlib import Path
 
 import cloudpickle
 
+from ddp_lab.errors import short_message
+
 RUN_DIR_VAR = "DDP_LAB_RUN_DIR"
 STACK_SIGNAL = signal.SIGUSR1
+LAUNCHER_MODULES = ("ddp_lab.worker", "ddp_lab.cell")  # frames a user's traceback skips
 
 
 @dataclass(frozen=True)
@@ -163,8 +166,7 @@ def _record_error(path: Path, exc: BaseException) -> None:
     text = "".join(traceback.format_exception(exc.with_traceback(_user_frames(exc))))
     # One line live; the whole traceback reaches the launcher in the record (and the logs),
     # so a crash of 8 ranks does not print 8 tracebacks into the cell.
-    first = (str(exc).strip().splitlines() or [""])[0]
-    sys.stderr.write(f"{type(exc).__name__}: {first[:300]}\n")
+    sys.stderr.write(f"{type(exc).__name__}: {short_message(str(exc), limit=200)}\n")
     record = {"type": type(exc).__name__, "message": str(exc), "traceback": text,
               "time": time.monotonic()}
     _write(path, record)
@@ -174,7 +176,7 @@ def _user_frames(exc: BaseException):
     """The traceback without the launcher's own frames: it should start at the user's code."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None and \
-            tb.tb_frame.f_code.co_filename == __file__:
+            tb.tb_frame.f_globals.get("__name__") in LAUNCHER_MODULES:
         tb = tb.tb_next
     return tb
 

@@ -18,9 +18,22 @@ from ddp_lab.spawner import fork_server_pid
 
 
 def leftover_processes() -> list[psutil.Process]:
+    """Descendants that are neither a launcher meant to stay (our fork server, a Jupyter
+    kernel a module fixture keeps for several tests, that kernel's fork server) nor dead:
+    a rank process is never meant to stay."""
     keep = {fork_server_pid()}
     return [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in keep and _alive(p)]
+            if p.pid not in keep and _alive(p) and not _is_kept_kernel(p)]
+
+
+def _is_kept_kernel(process: psutil.Process) -> bool:
+    try:
+        if "ipykernel_launcher" in process.cmdline():
+            return True
+        parent = process.parent()
+        return "ddp_lab.zygote" in process.cmdline() and "ipykernel_launcher" in parent.cmdline()
+    except psutil.Error:
+        return False
 
 
 def _alive(process: psutil.Process) -> bool:

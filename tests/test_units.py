@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddp_lab.heartbeat import describe_ranks
-from ddp_lab.outcome import looks_like_knock_on, short_message
+from ddp_lab.errors import short_message
+from ddp_lab.outcome import looks_like_knock_on
 from ddp_lab.stacks import format_dump, waiting_in
 from ddp_lab.session import threads_per_rank
 
@@ -60,3 +61,30 @@ def test_knock_on_errors_are_recognised():
 def test_threads_per_rank_never_below_one():
     assert threads_per_rank(1000) == 1
     assert threads_per_rank(1) >= 1
+
+
+def test_visible_text_keeps_what_a_terminal_shows():
+    from ddp_lab.echo import visible_text
+    assert visible_text(b"\r 10%|#|\r 20%|##|") == " 20%|##|"
+    assert visible_text(b"windows line\r") == "windows line"
+    assert visible_text(b"plain") == "plain"
+
+
+def test_terminal_progress_is_throttled_per_rank(capsys, monkeypatch):
+    from ddp_lab import echo
+    clock = iter([0.0, 1.0, 6.0, 6.5])
+    monkeypatch.setattr(echo.time, "monotonic", lambda: next(clock))
+    out = echo.PlainEcho()
+    for text in ("10%", "20%", "70%"):
+        out.status(0, text)
+    out.status(1, "5%")
+    assert capsys.readouterr().out.splitlines() == ["[rank 0] 10%", "[rank 0] 70%",
+                                                    "[rank 1] 5%"]
+
+
+def test_magic_line_parsing():
+    from ddp_lab.magic import names, parse_magic_line
+    options = parse_magic_line("-n 3 --timeout 5 --return a,b --push x --backend gloo")
+    assert (options.world_size, options.timeout, options.backend) == (3, 5.0, "gloo")
+    assert names(options.returns) == ("a", "b") and names(options.push) == ("x",)
+    assert parse_magic_line("").world_size == 2

@@ -1,0 +1,56 @@
+"""A real Jupyter kernel for tests: started with this interpreter, driven message by message."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+from ddp_lab.notebook_runner import kernel_env
+
+
+def start_kernel(cwd: Path):
+    manager = KernelManager(kernel_name="python3",
+                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    manager.start_kernel(env=kernel_env(), cwd=str(cwd),
+                         extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    return manager, client
+
+
+@dataclass
+class CellRun:
+    reply: dict
+    printed: str = ""
+    displays: list = field(default_factory=list)   # display_data and update_display_data texts
+    error: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reply["status"] == "ok"
+
+
+def execute(client, code: str, timeout: float = 120) -> CellRun:
+    """Run a cell and gather what the notebook would show for it."""
+    msg_id = client.execute(textwrap.dedent(code))
+    run = CellRun(reply={})
+    while True:
+        msg = client.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            run.printed += content["text"]
+        elif kind in ("display_data", "update_display_data"):
+            run.displays.append(content["data"].get("text/plain", ""))
+        elif kind == "error":
+            run.error = content
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    run.reply = client.get_shell_msg(timeout=timeout)["content"]
+    return run
