@@ -1,5 +1,4 @@
-"""Figures drawn from real results. Each function takes results and returns a Figure
-(never plt.show()), so notebooks display it and tests can inspect it."""
+"""Launch latency: what starting ranks costs with each launcher (notebook 00)."""
 
 from __future__ import annotations
 
