@@ -18,9 +18,10 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ddp_lab.echo import make_echo, visible_text
+from ddp_lab.echo import make_echo
+from ddp_lab.ranks import RankState
 from ddp_lab.spawner import get_fork_server
 from ddp_lab.worker import RUN_DIR_VAR, RankSpec, RunFiles
 
@@ -40,21 +41,6 @@ class LaunchConfig:
     script_args: tuple = ()
 
 
-@dataclass
-class RankState:
-    rank: int
-    pid: int | None = None
-    exitcode: int | None = None
-    exit_time: float | None = None
-    stopped_by_launcher: bool = False
-    lines: list = field(default_factory=list)
-    partial: bytes = b""
-
-    @property
-    def running(self) -> bool:
-        return self.pid is not None and self.exit_time is None
-
-
 class Session:
     """Use as ``with Session(config, payload) as s: s.start(); s.wait()``."""
 
@@ -72,7 +58,8 @@ class Session:
 
     # -- set-up -------------------------------------------------------------------------
     def __enter__(self) -> "Session":
-        self.run_dir = tempfile.mkdtemp(prefix="ddp_lab-")  # mkdtemp makes it 0700
+        # mkdtemp makes it 0700; the pid says whose it is
+        self.run_dir = tempfile.mkdtemp(prefix=f"ddp_lab-{os.getpid()}-")
         self.files = RunFiles(self.run_dir)
         if self.payload is not None:
             self.files.payload.write_bytes(self.payload)
@@ -160,13 +147,13 @@ class Session:
 
     def _pump(self, timeout: float) -> None:
         """Wait for output or an exit, whichever comes first, and handle what came."""
-        timeout = min(timeout, 3600.0)
         if self.selector.get_map():
-            for key, _ in self.selector.select(timeout):
+            # capped: an exit report does not wake select (a grandchild may hold the pipe)
+            for key, _ in self.selector.select(min(timeout, 0.25)):
                 self._read(key.fileobj, key.data)
             self._drain_events(block_s=0.0)
         else:  # every pipe is closed: only exit reports are still to come
-            self._drain_events(block_s=timeout)
+            self._drain_events(block_s=min(timeout, 3600.0))
 
     def _read(self, fd: int, state: RankState) -> None:
         try:
@@ -174,21 +161,18 @@ class Session:
         except BlockingIOError:
             return
         if chunk:
-            return self._take_lines(state, state.partial + chunk)
+            return self._take_lines(state, chunk)
         self.selector.unregister(fd)
         os.close(fd)
         if state.partial:
-            self._take_lines(state, state.partial + b"\n")
+            self._take_lines(state, b"\n")
 
     def _take_lines(self, state: RankState, data: bytes) -> None:
-        *complete, state.partial = data.split(b"\n")
-        for raw in complete:
-            line = visible_text(raw)
-            state.lines.append(line)
+        lines, status = state.feed(data)
+        for line in lines:
             self.echo.line(state.rank, line)
-        if b"\r" in state.partial:  # a progress bar redrawing itself
-            self.echo.status(state.rank, visible_text(state.partial))
-            state.partial = state.partial[state.partial.rfind(b"\r"):]
+        if status is not None:
+            self.echo.status(state.rank, status)
 
     def _drain_events(self, block_s: float) -> None:
         by_pid = {s.pid: s for s in self.ranks}

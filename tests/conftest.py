@@ -54,7 +54,8 @@ def wait_until_gone(pids, seconds: float = 10.0) -> list[int]:
 
 
 def run_folders() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddp_lab-*")))
+    """Run folders of launches made by this test process (others may be running too)."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), f"ddp_lab-{os.getpid()}-*")))
 
 
 @pytest.fixture(autouse=True)

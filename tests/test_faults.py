@@ -116,6 +116,19 @@ def test_sigkill_of_the_launcher_takes_the_ranks_down(tmp_path):
         launcher.kill()
         launcher.wait()
     assert wait_until_gone(pids + server, seconds=10) == []
+    assert run_folders_of(launcher.pid) == []  # the fork server removed it
+
+
+def run_folders_of(pid: int, seconds: float = 5.0) -> list[str]:
+    """Run folders a launcher with this pid left behind (waits a little for cleanup)."""
+    import glob
+    import tempfile
+    deadline = time.monotonic() + seconds
+    while True:
+        left = glob.glob(os.path.join(tempfile.gettempdir(), f"ddp_lab-{pid}-*"))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def _wait_for_pids(folder: Path, count: int, seconds: float = 60) -> list[int]:

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import wait_until_gone
 from kernel_helpers import execute, start_kernel
-from test_faults import _wait_for_pids
+from test_faults import _wait_for_pids, run_folders_of
 
 pytestmark = pytest.mark.timeout(240)
 TESTS = str(Path(__file__).parent)
@@ -56,3 +56,4 @@ def _sigkill_of_kernel_stops_every_rank(manager, client, folder: Path) -> None:
     helpers = [p.pid for p in kernel.children(recursive=True)]
     kernel.kill()
     assert wait_until_gone(pids + helpers, seconds=10) == []
+    assert run_folders_of(kernel.pid) == []

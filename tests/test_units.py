@@ -88,3 +88,14 @@ def test_magic_line_parsing():
     assert (options.world_size, options.timeout, options.backend) == (3, 5.0, "gloo")
     assert names(options.returns) == ("a", "b") and names(options.push) == ("x",)
     assert parse_magic_line("").world_size == 2
+
+
+def test_rank_output_is_split_into_whole_lines_and_progress():
+    from ddp_lab.ranks import RankState
+    state = RankState(0)
+    assert state.feed(b"hel") == ([], None)
+    assert state.feed(b"lo\nwor") == (["hello"], None)
+    assert state.feed(b"ld\n\r 10%|#") == (["world"], " 10%|#")
+    assert state.feed(b"|\r 50%|##|") == ([], " 50%|##|")
+    assert state.feed(b"\r100%|###|\n") == (["100%|###|"], None)
+    assert state.lines == ["hello", "world", "100%|###|"]
