@@ -39,7 +39,8 @@ def preload() -> None:
 class Server:
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.children: dict[int, str] = {}  # pid -> its run folder
+        self.children: set[int] = set()
+        self.run_dirs: set[str] = set()  # folders to remove should the launcher die
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
@@ -78,7 +79,8 @@ class Server:
         _setpgid_quietly(pid)  # also done in the child: whichever runs first wins the race
         for fd in fds:
             os.close(fd)
-        self.children[pid] = spec.run_dir
+        self.children.add(pid)
+        self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {spec.run_dir}
         return self._tell(("spawned", request_id, pid))
 
     def _become_rank(self, spec, fds: list[int]) -> None:
@@ -104,7 +106,7 @@ class Server:
                 break
             if pid == 0:
                 break
-            self.children.pop(pid, None)
+            self.children.discard(pid)
             _kill_group(pid, signal.SIGKILL)  # a rank's own children (DataLoader workers)
             if not self._tell(("exited", pid, os.waitstatus_to_exitcode(status))):
                 return False
@@ -121,11 +123,12 @@ class Server:
         """The launcher is gone: kill its ranks and remove the run folders it cannot."""
         for pid in self.children:
             _kill_group(pid, signal.SIGKILL)
-        for pid, run_dir in self.children.items():
+        for pid in self.children:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+        for run_dir in self.run_dirs:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
