@@ -136,3 +136,27 @@ def test_fork_server_is_reused_between_runs():
     first = ddp_lab.spawner.fork_server_pid()
     ddp_lab.run(workers.rank_and_env, 1, echo=False)
     assert ddp_lab.spawner.fork_server_pid() == first
+
+
+TWO_LAUNCHERS = """
+import sys
+sys.path.insert(0, {tests!r})
+import torch, ddp_lab, workers
+for i in range(8):
+    res = ddp_lab.run(workers.all_reduce_tensor, world_size=2, args=(torch.ones(1) * i,),
+                      echo=False)
+    assert res[1].item() == 3 * i, res
+print("ok")
+"""
+
+
+def test_two_launcher_processes_at_once_never_collide():
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = TWO_LAUNCHERS.format(tests=str(Path(__file__).parent))
+    launchers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=100) for p in launchers]
+    for process, (out, err) in zip(launchers, outputs):
+        assert process.returncode == 0 and out.strip() == "ok", err
