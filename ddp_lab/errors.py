@@ -68,9 +68,10 @@ class WorkerTimeout(DistributedRunError):
         done = sorted(set(range(len(self.logs))) - set(self.stuck_ranks))
         lines = [f"timed out after {self.timeout:g} s: ranks {self.stuck_ranks} were still "
                  f"running" + (f" (ranks {done} had finished)." if done else "."),
-                 "A collective that some rank never joins waits forever: check that every "
-                 "rank calls the same collectives in the same order (uneven data is the "
-                 "usual cause), or raise timeout= if the work is just slow.", ""]
+                 "A collective that some rank never joins, or a send/recv with no matching "
+                 "peer, waits forever: check that every rank calls the same collectives in "
+                 "the same order (uneven data is the usual cause), or raise timeout= if the "
+                 "work is just slow.", ""]
         for rank in self.stuck_ranks:
             lines += [f"rank {rank} was here:", _indent(self.stacks.get(rank, "(no stack)")), ""]
         return "\n".join(lines).rstrip()

@@ -30,6 +30,10 @@ def test_notebook_runs_headless(notebook: Path, tmp_path: Path):
         f"executed copy: {report.executed_path}\nHTML with the traceback: {report.html_path}\n"
         f"reproduce: ddp-lab notebooks --pattern {notebook.name}"
     )
+    executed = nbformat.read(report.executed_path, as_version=4)
+    images = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs
+              if "image/png" in o.get("data", {})]
+    assert images, f"{notebook.name} drew no figure: each notebook shows its real results"
 
 
 @pytest.mark.timeout(60)

@@ -10,6 +10,13 @@ DEMOS = {
     "all_reduce": "ddp_lab.demos.launching:all_reduce_ranks",
     "crash": "ddp_lab.demos.launching:crash_on_last_rank",
     "hang": "ddp_lab.demos.launching:hang_without_rank0",
+    # 02 point to point
+    "send_recv": "ddp_lab.demos.point_to_point:nonblocking_send_recv",
+    "recv_any": "ddp_lab.demos.point_to_point:recv_from_any",
+    "ring": "ddp_lab.demos.point_to_point:ring_token",
+    "deadlock": "ddp_lab.demos.point_to_point:send_then_recv",  # hangs: use --timeout 3
+    "exchange": "ddp_lab.demos.point_to_point:nonblocking_exchange",
+    "ping_pong": "ddp_lab.demos.point_to_point:ping_pong",
 }
 
 

@@ -1,6 +1,28 @@
 """Figures drawn from real results: one module per topic, each function takes results and
-returns a matplotlib Figure (never plt.show()), so notebooks display it and tests inspect it."""
+returns a matplotlib Figure (never plt.show()), so notebooks display it and tests inspect it.
 
+A bare Figure (made without pyplot) has no notebook display of its own unless the inline
+backend happens to be active, so importing this package in a kernel registers one.
+"""
+
+import sys
+
+from matplotlib.figure import Figure
+
+from ddp_lab.plots.bandwidth import latency_bandwidth
 from ddp_lab.plots.launch import launch_latency
 
-__all__ = ["launch_latency"]
+__all__ = ["launch_latency", "latency_bandwidth"]
+
+
+def _show_figures_in_notebooks() -> None:
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython else None
+    if shell is None:
+        return
+    from IPython.core.pylabtools import print_figure
+    png = shell.display_formatter.formatters["image/png"]
+    png.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
+_show_figures_in_notebooks()
