@@ -20,16 +20,19 @@ class DistributedRunError(RuntimeError):
 
 class WorkerError(DistributedRunError):
     """A rank failed. ``rank`` is the root cause; ``knock_on`` lists ranks that only died
-    because of it (a peer's collective broke, or the launcher stopped them).
+    because of it (a peer's collective broke, or the launcher stopped them);
+    ``also_failed`` lists ranks that failed on their own too (often the same bug).
 
     Attributes: rank, exitcode, traceback (str, the root-cause rank's), logs (list of every
-    rank's output), knock_on (dict rank -> one-line reason).
+    rank's output), knock_on and also_failed (dict rank -> one-line reason).
     """
 
     def __init__(self, rank: int, exitcode: int | None, traceback: str, logs: list[str],
-                 knock_on: dict[int, str] | None = None, hint: str = ""):
+                 knock_on: dict[int, str] | None = None, hint: str = "",
+                 also_failed: dict[int, str] | None = None):
         self.rank = rank
         self.hint = hint
+        self.also_failed = dict(also_failed or {})
         self.exitcode = exitcode
         self.traceback = traceback
         self.logs = logs
@@ -45,6 +48,9 @@ class WorkerError(DistributedRunError):
             lines += ["", "Knock-on failures (they stopped because rank "
                       f"{self.rank} did, look at rank {self.rank} first):"]
             lines += [f"  rank {r}: {why}" for r, why in sorted(self.knock_on.items())]
+        if self.also_failed:
+            lines += ["", "These ranks failed on their own as well:"]
+            lines += [f"  rank {r}: {why}" for r, why in sorted(self.also_failed.items())]
         lines += ["", "Each rank's full output is in err.logs[rank]."]
         return "\n".join(lines)
 

@@ -70,12 +70,22 @@ def _worker_error(session, failed, logs) -> DistributedRunError:
     logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
             for r, log in enumerate(logs)]
     root = _root_cause(failed, records)
+    others = [s for s in failed if s is not root]
+    own = {s.rank for s in others if _failed_on_its_own(s, records.get(s.rank))}
     knock_on = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
-                for s in failed if s is not root}
+                for s in others if s.rank not in own}
+    also_failed = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
+                   for s in others if s.rank in own}
     record = records.get(root.rank)
     trace = record["traceback"] if record else describe_crash(logs[root.rank])
     return WorkerError(root.rank, root.exitcode, trace, logs, knock_on,
-                       hint=_early_exit_hint(session, root, records))
+                       hint=_early_exit_hint(session, root, records), also_failed=also_failed)
+
+
+def _failed_on_its_own(state, record) -> bool:
+    """An error of its own (not a broken connection, not stopped by us)."""
+    return not state.stopped_by_launcher and record is not None and \
+        not looks_like_knock_on(record)
 
 
 def _early_exit_hint(session, root, records) -> str:

@@ -85,7 +85,10 @@ def _become_rank_process(spec: RankSpec, output_fd: int) -> None:
     os.chdir(spec.cwd)
     sys.path[:] = list(spec.sys_path)
     import torch
+    import torch.distributed as dist
     torch.set_num_threads(spec.threads)
+    # torch read TORCH_DISTRIBUTED_DEBUG when the fork server imported it: read it again
+    dist.set_debug_level_from_env()
 
 
 def _watch_lifeline(lifeline_fd: int) -> None:

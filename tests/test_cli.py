@@ -36,7 +36,7 @@ def test_run_demo_failure_exits_nonzero_with_the_root_cause(capsys):
 
 def test_unknown_demo_lists_the_choices(capsys):
     assert main(["run", "nope"]) == 1
-    assert "choose one of: all_reduce, crash, deadlock" in capsys.readouterr().err
+    assert "choose one of: all_gather, all_reduce, all_to_all" in capsys.readouterr().err
 
 
 def test_bench_launch_reports_every_launcher_and_the_ratios():

@@ -147,3 +147,21 @@ def test_a_dead_fork_server_is_replaced():
     os.kill(ddp_lab.spawner.fork_server_pid(), signal.SIGKILL)
     time.sleep(0.5)
     assert ddp_lab.run(workers.rank_and_env, 2, echo=False)[1]["rank"] == 1
+
+
+def test_ranks_failing_on_their_own_are_not_called_knock_on():
+    def everyone_fails():
+        raise ValueError(f"rank {torch.distributed.get_rank()} has a bug too")
+    with pytest.raises(ddp_lab.WorkerError) as info:
+        ddp_lab.run(everyone_fails, world_size=3, echo=False)
+    err = info.value
+    assert err.knock_on == {} and set(err.also_failed) == {0, 1, 2} - {err.rank}
+    assert "failed on their own as well" in str(err)
+
+
+def test_env_is_seen_by_torch_settings_read_at_import():
+    def debug_level():
+        return str(torch.distributed.get_debug_level())
+    res = ddp_lab.run(debug_level, world_size=1, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+                      echo=False)
+    assert res[0].endswith("DETAIL")

@@ -17,6 +17,18 @@ DEMOS = {
     "deadlock": "ddp_lab.demos.point_to_point:send_then_recv",  # hangs: use --timeout 3
     "exchange": "ddp_lab.demos.point_to_point:nonblocking_exchange",
     "ping_pong": "ddp_lab.demos.point_to_point:ping_pong",
+    # 03 collectives
+    "collectives": "ddp_lab.demos.collectives:tour",
+    "broadcast": "ddp_lab.demos.collectives:broadcast",
+    "reduce": "ddp_lab.demos.collectives:reduce",
+    "gather": "ddp_lab.demos.collectives:gather",
+    "all_gather": "ddp_lab.demos.collectives:all_gather",
+    "scatter": "ddp_lab.demos.collectives:scatter",
+    "reduce_scatter": "ddp_lab.demos.collectives:reduce_scatter",
+    "all_to_all": "ddp_lab.demos.collectives:all_to_all",
+    "reduce_ops": "ddp_lab.demos.collectives:try_reduce_ops",
+    "objects": "ddp_lab.demos.collectives:object_collectives",
+    "barrier": "ddp_lab.demos.collectives:barrier_release",
 }
 
 

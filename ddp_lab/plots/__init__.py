@@ -10,9 +10,11 @@ import sys
 from matplotlib.figure import Figure
 
 from ddp_lab.plots.bandwidth import latency_bandwidth
+from ddp_lab.plots.collectives import collective_picture, results_picture, timing_bars
 from ddp_lab.plots.launch import launch_latency
 
-__all__ = ["launch_latency", "latency_bandwidth"]
+__all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results_picture",
+           "timing_bars"]
 
 
 def _show_figures_in_notebooks() -> None:

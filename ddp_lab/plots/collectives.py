@@ -15,7 +15,6 @@ RANK_COLOURS = ("#9ecae1", "#a1d99b", "#fdae6b", "#bcbddc", "#fbb4c4", "#99d8c9"
                 "#c7e9c0")
 COMPUTED = "#ffd84d"
 GROUP_GAP = 0.35  # space between the tensors of a list, in cell widths
-ARROW_SPACE = 4.0
 
 
 def _groups(held) -> list[list]:
@@ -76,7 +75,7 @@ def collective_picture(name: str, befores: list, afters: list, *,
     before_groups = [_groups(b) for b in befores]
     after_groups = [_groups(a) for a in afters]
     left = max(_width(g) for g in before_groups)
-    right_x0 = left + ARROW_SPACE
+    right_x0 = left + max(4.0, 0.24 * len(name) + 1.2)  # room for the name over the arrow
     right = max(_width(g) for g in after_groups)
     owners = _owners(befores)
 
@@ -120,8 +119,7 @@ def timing_bars(seconds: dict, title: str) -> Figure:
     ms = [seconds[n] * 1e3 for n in names]
     fig = Figure(figsize=(7.5, 0.45 * len(names) + 1.1), layout="constrained")
     ax = fig.subplots()
-    bars = ax.barh(names, ms, color=["#4c72b0", "#55a868", "#c44e52", "#8172b2",
-                                     "#ccb974", "#64b5cd", "#8c8c8c"][:len(names)])
+    bars = ax.barh(names, ms, color="#4c72b0")
     ax.bar_label(bars, labels=[f"{m:.2f} ms" for m in ms], padding=4)
     ax.set_xlim(0, max(ms) * 1.3)
     ax.invert_yaxis()

@@ -1,0 +1,345 @@
+"""Notebook 01: processes, ranks, process groups, and the stores the ranks meet in.
+
+A process group is a set of processes that can talk to each other; each member has a
+*rank* (0..world_size-1). Before they can talk they must find each other: that is the
+*rendezvous*, done through a small key-value *store* that the ``init_method`` names
+(env:// and tcp://: a TCPStore at host:port; file://: a FileStore on a shared file).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass
+from datetime import timedelta
+
+BACKENDS = ("gloo", "nccl", "mpi")  # the three ProcessGroup implementations in c10d
+STORE_TIMEOUT = timedelta(seconds=30)
+
+
+# -- ranks and groups ------------------------------------------------------------------
+def seed_lines() -> list[str]:
+    """What seed 000's example 2 prints: the rank and world size the process group
+    reports, next to what the launcher put in the environment (they must agree)."""
+    import torch.distributed as dist
+    return [f"rank: {dist.get_rank()}, {os.environ['RANK']}",
+            f"world_size: {dist.get_world_size()}, {os.environ['WORLD_SIZE']}"]
+
+
+def subgroups() -> dict:
+    """Split the world into even and odd ranks with ``dist.new_group`` and sum within each.
+
+    ``new_group`` is itself collective: every rank must call it for every group, members or
+    not, in the same order. A subgroup reuses the default group's store, so it cannot switch
+    to another init method; only destroying the default group can (see ``join_group``).
+    """
+    import torch
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = {name: dist.new_group(ranks) for name, ranks in
+              (("even", list(range(0, world, 2))), ("odd", list(range(1, world, 2)))) if ranks}
+    name = "even" if rank % 2 == 0 else "odd"
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=groups[name])
+    return {"rank": rank, "group": name, "group_rank": dist.get_rank(groups[name]),
+            "group_size": dist.get_world_size(groups[name]), "group_sum": t.item()}
+
+
+def probe_backends() -> dict[str, dict]:
+    """For each backend: is it compiled into this torch, and does a 1-rank group with it
+    really all_reduce here? Run it on one rank: it replaces that rank's default group."""
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    compiled = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+                "mpi": dist.is_mpi_available()}
+    return {name: {"compiled": compiled[name], "works": _try_backend(name)} for name in BACKENDS}
+
+
+def _try_backend(name: str) -> str:
+    import torch
+    import torch.distributed as dist
+    try:
+        dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1)
+        device = "cuda" if name == "nccl" else "cpu"  # NCCL only moves GPU tensors
+        dist.all_reduce(torch.ones(1, device=device))
+        return "yes"
+    except Exception as exc:  # noqa: BLE001 - the reason it fails is the answer
+        return f"no: {str(exc).splitlines()[0]}"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# -- init methods and their stores ---------------------------------------------------------
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks meet. env:// and tcp:// both mean "a TCPStore at 127.0.0.1:port"
+    (env:// reads the address from MASTER_ADDR/MASTER_PORT, rank and size from RANK and
+    WORLD_SIZE); file:// means a FileStore on ``path``, a file every rank can see."""
+
+    kind: str       # "env", "tcp" or "file"
+    port: int = 0   # env, tcp: the loopback port rank 0 serves the store on
+    path: str = ""  # file: a fresh file, e.g. in a private folder (a shared FS across machines)
+
+    @property
+    def url(self) -> str:
+        return {"env": "env://", "tcp": f"tcp://127.0.0.1:{self.port}",
+                "file": f"file://{self.path}"}[self.kind]
+
+
+def free_loopback_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (the kernel picks it, 0 = any).
+
+    There is a small race: we must close the socket to hand the number to rank 0, and in
+    between another program may take the port; rank 0's bind then fails with "Address
+    already in use" and a rerun picks a new one. ddp_lab's own launcher avoids the race by
+    keeping its socket open and handing it to the store itself.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve_store(port: int, world_size: int):
+    """Rank 0's TCPStore server on 127.0.0.1 only. A plain ``TCPStore(is_master=True)``
+    listens on every interface (it has no bind address option), so we bind the socket
+    ourselves and hand it over with ``master_listen_fd``, as torchrun's agent does.
+    SO_REUSEADDR: a port that served a store a moment ago still has connections in
+    TIME_WAIT (about a minute), which would make this bind fail; it still refuses a port
+    that someone else is listening on."""
+    from torch.distributed import TCPStore
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(128)
+        server = TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=STORE_TIMEOUT,
+                          wait_for_workers=False, master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the descriptor now
+    return server
+
+
+def open_store(rdv: Rendezvous, rank: int, world_size: int):
+    """This rank's handle on the store behind ``rdv`` (and rank 0's server, else None)."""
+    from torch.distributed import FileStore, TCPStore
+    if rdv.kind == "file":
+        return FileStore(rdv.path, world_size), None
+    server = serve_store(rdv.port, world_size) if rank == 0 else None
+    client = TCPStore("127.0.0.1", rdv.port, world_size, is_master=False, timeout=STORE_TIMEOUT)
+    return client, server
+
+
+def join_group(rdv: Rendezvous) -> dict:
+    """Leave ddp_lab's env:// group, build the default group again through ``rdv``, and
+    prove it works with an all_reduce of rank + 1 (so every rank gets N(N+1)/2).
+
+    The init method belongs to the default group, hence destroy + init. Rank 0 serves the
+    TCPStore on loopback; TORCHELASTIC_USE_AGENT_STORE=True (torchrun sets it too) tells
+    init_process_group the server exists, so every rank connects as a client.
+    """
+    import torch
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    server = None
+    if rdv.kind != "file":
+        os.environ.update(TORCHELASTIC_USE_AGENT_STORE="True", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(rdv.port))
+        server = serve_store(rdv.port, world) if rank == 0 else None
+    if rdv.kind == "env":  # rank and world size come from RANK and WORLD_SIZE
+        dist.init_process_group("gloo", init_method="env://", timeout=STORE_TIMEOUT)
+    else:
+        dist.init_process_group("gloo", init_method=rdv.url, rank=rank, world_size=world,
+                                timeout=STORE_TIMEOUT)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    info = {"url": rdv.url, "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "sum": t.item(), "listening": listening_hosts()}
+    dist.barrier()  # nobody still needs rank 0's store after this
+    dist.destroy_process_group()
+    del server
+    return info
+
+
+def listening_hosts() -> list[str]:
+    """The addresses this process listens on (the store server, gloo's own sockets)."""
+    import psutil
+    return sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp")
+                   if c.status == "LISTEN"})
+
+
+def register(rdv: Rendezvous) -> dict:
+    """A tiny rendezvous by hand: each rank draws a ticket with ``add`` (atomic, so tickets
+    are 1..N in arrival order), tries to become leader with ``compare_set`` (only the first
+    try succeeds), then registers host:pid under its own key; all wait for everybody."""
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store, server = open_store(rdv, rank, world)
+    ticket = store.add("arrived", 1)
+    leader = int(store.compare_set("leader", "", str(rank)))
+    # Registered last: once every worker key exists, every rank's add is done too.
+    store.set(f"worker/{rank}", f"{socket.gethostname()}:{os.getpid()}")
+    store.wait([f"worker/{r}" for r in range(world)])
+    info = {"rank": rank, "ticket": ticket, "arrived": store.add("arrived", 0),
+            "leader": leader, "roster": [store.get(f"worker/{r}").decode() for r in range(world)]}
+    store.set(f"done/{rank}", "1")
+    if server is not None:  # the server must outlive every client's last request
+        store.wait([f"done/{r}" for r in range(world)])
+    return info
+
+
+# -- barriers and printing in rank order --------------------------------------------------
+def barrier_timeline(work_s=(0.10, 0.40, 0.25, 0.15)) -> list[tuple[str, float, float]]:
+    """Work for a rank-dependent time, then ``dist.barrier()``. Returns this rank's
+    (label, start, end) spans in time.time() seconds (one clock for all ranks on a machine)."""
+    import torch.distributed as dist
+    start = time.time()
+    time.sleep(work_s[dist.get_rank() % len(work_s)])
+    arrived = time.time()
+    dist.barrier()
+    return [("work", start, arrived), ("waiting in barrier", arrived, time.time())]
+
+
+def span_times(spans_per_rank, label: str) -> list[tuple[float, float]]:
+    """(start, end) of the span called ``label`` on each rank."""
+    return [next((s, e) for name, s, e in spans if name == label) for spans in spans_per_rank]
+
+
+def dprint(*args, **kwargs) -> None:
+    """Print on one rank at a time, in rank order (seed 004's ``dprint``): in turn r only
+    rank r prints, and the barrier after each turn keeps rank r+1 from writing before
+    rank r has. It orders the *writes*; it costs world_size barriers per call."""
+    import torch.distributed as dist
+    for turn in range(dist.get_world_size()):
+        if turn == dist.get_rank():
+            print(*args, **kwargs, flush=True)
+        dist.barrier()
+
+
+class StampedStdout(io.TextIOBase):
+    """stdout that also notes when each line was written (time.time()), so lines from
+    several processes can be put back in the order they were really written."""
+
+    def __init__(self, target):
+        self.target, self.lines, self.partial = target, [], ""
+
+    def write(self, text: str) -> int:
+        self.target.write(text)
+        *complete, self.partial = (self.partial + text).split("\n")
+        now = time.time()
+        self.lines.extend((now, line) for line in complete)
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+@contextmanager
+def stamped_stdout():
+    """Within the block, ``print`` still reaches the cell; yields the (time, line) list."""
+    stream = StampedStdout(sys.stdout)
+    with redirect_stdout(stream):
+        yield stream.lines
+
+
+def print_freely(work_s: float = 0.01) -> list[tuple[float, str]]:
+    """Seed 000's lines, printed as soon as each rank gets there, with a little work
+    between them (after a barrier that lines the ranks up, as a training step would):
+    nothing orders one rank's lines against another's."""
+    import torch.distributed as dist
+    dist.barrier()
+    with stamped_stdout() as lines:
+        for line in seed_lines():
+            print(line)
+            time.sleep(work_s)
+    return lines
+
+
+def print_in_rank_order() -> list[tuple[float, str]]:
+    """The same lines through ``dprint``: rank 0's block, then rank 1's, and so on."""
+    import torch.distributed as dist
+    dist.barrier()
+    with stamped_stdout() as lines:
+        dprint("\n".join(seed_lines()))
+    return lines
+
+
+def write_order(stamped_per_rank) -> list[tuple[int, str]]:
+    """(rank, line) for every line of every rank, in the order they were written."""
+    merged = sorted((t, rank, line) for rank, lines in enumerate(stamped_per_rank)
+                    for t, line in lines)
+    return [(rank, line) for _, rank, line in merged]
+
+
+# -- exercise: a barrier made of a store --------------------------------------------------
+def store_barrier(store, world_size: int, name: str) -> None:
+    """Reference solution: count arrivals with ``add``; the last to arrive sets a "go" key
+    that everybody waits for. ``name`` makes every barrier's keys its own (reusable)."""
+    if store.add(f"{name}/arrived", 1) == world_size:
+        store.set(f"{name}/go", "1")
+    store.wait([f"{name}/go"])
+
+
+def _barrier_trial(barrier, rounds: int, work_s: tuple, wait_s: float) -> list[tuple]:
+    """Runs on each rank: no process group (so no dist.barrier to lean on), only a store
+    client on the launcher's TCPStore. Each round a different rank arrives last."""
+    import torch.distributed as dist
+    from torch.distributed import PrefixStore, TCPStore
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                      is_master=False, timeout=timedelta(seconds=wait_s))
+    store = PrefixStore("exercise", client)  # keys of its own in the launcher's store
+    times = []  # (arrived, left) per round
+    for r in range(rounds):
+        time.sleep(work_s[(rank + r) % world])
+        arrived = time.time()
+        barrier(store, world, f"round{r}")
+        times.append((arrived, time.time()))
+    return times
+
+
+def check_store_barrier(fn, world_sizes=(2, 3, 4), rounds: int = 3, wait_s: float = 10.0) -> str:
+    """The exercise's checker: runs ``fn(store, world_size, name)`` on real ranks, several
+    rounds in a row, and checks that no rank ever left before the last one arrived.
+    ``wait_s`` is the store's timeout: how long a ``store.wait`` may block before it fails."""
+    import ddp_lab
+    for n in world_sizes:
+        work_s = tuple(0.1 * k for k in range(n))
+        try:
+            res = ddp_lab.run(_barrier_trial, world_size=n, args=(fn, rounds, work_s, wait_s),
+                              timeout=30, echo=False)
+        except ddp_lab.DistributedRunError as err:
+            raise AssertionError(
+                f"on {n} ranks your barrier failed: {_root_cause(err)}\nA 'Wait timeout' "
+                "means a rank waited for a key nobody set: does the last rank to arrive "
+                "(add returned world_size) set the key the others wait for?") from err
+        for r in range(rounds):
+            _check_round(n, r, [times[r] for times in res.values])
+    return f"passed: {rounds} barriers in a row on {', '.join(map(str, world_sizes))} ranks"
+
+
+def _root_cause(err) -> str:
+    """The failing rank's exception line (WorkerError), else the error's first line."""
+    lines = [line for line in (getattr(err, "traceback", "") or "").splitlines() if line.strip()]
+    return f"rank {err.rank} raised {lines[-1]}" if lines else str(err).splitlines()[0]
+
+
+def _check_round(n: int, r: int, times: list[tuple[float, float]]) -> None:
+    last = max(range(n), key=lambda k: times[k][0])
+    early = min(range(n), key=lambda k: times[k][1])
+    if times[early][1] >= times[last][0]:
+        return
+    hint = " It failed only from the second barrier on: does each barrier use its own keys?"
+    raise AssertionError(
+        f"on {n} ranks, barrier {r}: rank {early} left "
+        f"{times[last][0] - times[early][1]:.2f} s before rank {last} arrived. A barrier must "
+        "hold every rank until the last one is in: count arrivals with store.add, and wait "
+        "(store.wait) for a key that only the last arrival sets." + (hint if r else ""))
