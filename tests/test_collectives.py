@@ -104,60 +104,11 @@ def test_all_to_all_with_unequal_parts_is_refused_clearly_or_correct():
         C.check("all_to_all", res.values)
 
 
-def gather_lists(shapes: list) -> dict:
-    rank = dist.get_rank()
-    tensors = [torch.full(shape, 100.0 * rank + i) for i, shape in enumerate(shapes)]
-    return {"cat": C.cat_all_gather(tensors), "each": C.all_gather_each(tensors)}
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_cat_trick_equals_one_all_gather_per_tensor(world_size):
-    shapes = [(1, 2), (3,), (2, 2), ()]
-    res = ddp_lab.run(gather_lists, world_size, args=(shapes,), echo=False)
-    for value in res.values:
-        expected = [[torch.full(s, 100.0 * r + i) for i, s in enumerate(shapes)]
-                    for r in range(world_size)]
-        torch.testing.assert_close(value["cat"], expected)
-        torch.testing.assert_close(value["each"], expected)
-
-
-def test_object_collectives_and_seed_example():
-    objs = ddp_lab.run(C.object_collectives, 3, echo=False).values
-    assert all(v["all_gather_object"][2]["words"] == ["tok"] * 3 for v in objs)
-    assert [v["gather_object"] is None for v in objs] == [False, True, True]
+def test_seed_example_prints_and_returns_what_the_seed_did():
     ex2 = ddp_lab.run(C.seed_ex2, 3, echo=False)
     assert [v["all_reduce"] for v in ex2.values] == [33, 33, 33]
     assert [v["reduce"] for v in ex2.values] == [33, None, None]
     assert "rank: 2, 2" in ex2.logs[2] and "dist.is_available: True" in ex2.logs[0]
-
-
-def test_measurements_return_every_case_without_judging_speed():
-    cost = ddp_lab.run(C.object_vs_tensor_cost, 2, kwargs={"numel": 100, "repeats": 1},
-                       echo=False).values[0]
-    assert len(cost) == 4 and all(s > 0 for s in cost.values())
-    trick = ddp_lab.run(C.list_gather_cost, 2, kwargs={"count": 5, "repeats": 1},
-                        echo=False).values[0]
-    assert trick["same_result"] and len(trick["seconds"]) == 2
-    overlap = ddp_lab.run(C.async_overlap, 2, kwargs={"numel": 1000, "compute_s": 0.001,
-                                                      "repeats": 1}, echo=False).values[0]
-    assert len(overlap) == 7 and all(s > 0 for s in overlap.values())
-
-
-def test_barrier_and_in_place():
-    bar = ddp_lab.run(C.barrier_release, 3, kwargs={"step_s": 0.05}, echo=False).values
-    assert min(v["left"] for v in bar) >= max(v["arrived"] for v in bar)
-    ip = ddp_lab.run(C.in_place, 2, echo=False).values
-    assert ip[1]["returned"] is None and ip[1]["input_after"].tolist() == [12, 14, 16]
-
-
-@pytest.mark.timeout(60)
-def test_mismatched_shapes_error_silently_crash_or_hang():
-    outcomes = C.try_mismatches(world_size=2, timeout=2)
-    assert {case: o for case, (o, _) in outcomes.items()} == {
-        "all_gather": "error", "broadcast from rank 0": "no error",
-        "broadcast from the last rank": "crash", "all_reduce": "hang",
-        "all_reduce, DETAIL debug": "error"}
-    assert "shapes" in outcomes["all_reduce, DETAIL debug"][1]
 
 
 # --- the exercise checker -------------------------------------------------------------------

@@ -27,8 +27,8 @@ DEMOS = {
     "reduce_scatter": "ddp_lab.demos.collectives:reduce_scatter",
     "all_to_all": "ddp_lab.demos.collectives:all_to_all",
     "reduce_ops": "ddp_lab.demos.collectives:try_reduce_ops",
-    "objects": "ddp_lab.demos.collectives:object_collectives",
-    "barrier": "ddp_lab.demos.collectives:barrier_release",
+    "objects": "ddp_lab.demos.collective_costs:object_collectives",
+    "barrier": "ddp_lab.demos.collective_costs:barrier_release",
 }
 
 
