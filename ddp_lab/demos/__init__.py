@@ -10,6 +10,12 @@ DEMOS = {
     "all_reduce": "ddp_lab.demos.launching:all_reduce_ranks",
     "crash": "ddp_lab.demos.launching:crash_on_last_rank",
     "hang": "ddp_lab.demos.launching:hang_without_rank0",
+    # 01 processes, ranks, stores
+    "subgroups": "ddp_lab.demos.processes:subgroups",
+    "backends": "ddp_lab.demos.processes:probe_backends",
+    "barrier_timeline": "ddp_lab.demos.processes:barrier_timeline",
+    "print_freely": "ddp_lab.demos.processes:print_freely",
+    "dprint": "ddp_lab.demos.processes:print_in_rank_order",
     # 02 point to point
     "send_recv": "ddp_lab.demos.point_to_point:nonblocking_send_recv",
     "recv_any": "ddp_lab.demos.point_to_point:recv_from_any",

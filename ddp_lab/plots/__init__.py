@@ -12,9 +12,10 @@ from matplotlib.figure import Figure
 from ddp_lab.plots.bandwidth import latency_bandwidth
 from ddp_lab.plots.collectives import collective_picture, results_picture, timing_bars
 from ddp_lab.plots.launch import launch_latency
+from ddp_lab.plots.timeline import rank_timeline
 
 __all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results_picture",
-           "timing_bars"]
+           "timing_bars", "rank_timeline"]
 
 
 def _show_figures_in_notebooks() -> None:
