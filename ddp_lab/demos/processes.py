@@ -1,24 +1,22 @@
-"""Notebook 01: processes, ranks, process groups, and the stores the ranks meet in.
+"""Notebook 01, sections 1, 4, 5 and the exercise: ranks, groups and how they line up.
 
 A process group is a set of processes that can talk to each other; each member has a
-*rank* (0..world_size-1). Before they can talk they must find each other: that is the
-*rendezvous*, done through a small key-value *store* that the ``init_method`` names
-(env:// and tcp://: a TCPStore at host:port; file://: a FileStore on a shared file).
+*rank* (0..world_size-1). Here: the rank and world size a group reports, subgroups, which
+backends this torch really has, ``barrier()`` on a timeline, printing in rank order, and
+the checker for the exercise that builds a barrier from a store. How the ranks find each
+other in the first place (init methods and their stores) is in ``stores.py``.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import socket
 import sys
 import time
-from contextlib import contextmanager, redirect_stdout
-from dataclasses import dataclass
+from contextlib import redirect_stdout
 from datetime import timedelta
 
 BACKENDS = ("gloo", "nccl", "mpi")  # the three ProcessGroup implementations in c10d
-STORE_TIMEOUT = timedelta(seconds=30)
 
 
 # -- ranks and groups ------------------------------------------------------------------
@@ -34,8 +32,8 @@ def subgroups() -> dict:
     """Split the world into even and odd ranks with ``dist.new_group`` and sum within each.
 
     ``new_group`` is itself collective: every rank must call it for every group, members or
-    not, in the same order. A subgroup reuses the default group's store, so it cannot switch
-    to another init method; only destroying the default group can (see ``join_group``).
+    not, in the same order. A subgroup reuses the default group's store, so it cannot
+    switch to another init method (see ``stores.join_group``).
     """
     import torch
     import torch.distributed as dist
@@ -74,127 +72,6 @@ def _try_backend(name: str) -> str:
             dist.destroy_process_group()
 
 
-# -- init methods and their stores ---------------------------------------------------------
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where the ranks meet. env:// and tcp:// both mean "a TCPStore at 127.0.0.1:port"
-    (env:// reads the address from MASTER_ADDR/MASTER_PORT, rank and size from RANK and
-    WORLD_SIZE); file:// means a FileStore on ``path``, a file every rank can see."""
-
-    kind: str       # "env", "tcp" or "file"
-    port: int = 0   # env, tcp: the loopback port rank 0 serves the store on
-    path: str = ""  # file: a fresh file, e.g. in a private folder (a shared FS across machines)
-
-    @property
-    def url(self) -> str:
-        return {"env": "env://", "tcp": f"tcp://127.0.0.1:{self.port}",
-                "file": f"file://{self.path}"}[self.kind]
-
-
-def free_loopback_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago (the kernel picks it, 0 = any).
-
-    There is a small race: we must close the socket to hand the number to rank 0, and in
-    between another program may take the port; rank 0's bind then fails with "Address
-    already in use" and a rerun picks a new one. ddp_lab's own launcher avoids the race by
-    keeping its socket open and handing it to the store itself.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def serve_store(port: int, world_size: int):
-    """Rank 0's TCPStore server on 127.0.0.1 only. A plain ``TCPStore(is_master=True)``
-    listens on every interface (it has no bind address option), so we bind the socket
-    ourselves and hand it over with ``master_listen_fd``, as torchrun's agent does.
-    SO_REUSEADDR: a port that served a store a moment ago still has connections in
-    TIME_WAIT (about a minute), which would make this bind fail; it still refuses a port
-    that someone else is listening on."""
-    from torch.distributed import TCPStore
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", port))
-        listener.listen(128)
-        server = TCPStore("127.0.0.1", port, world_size, is_master=True, timeout=STORE_TIMEOUT,
-                          wait_for_workers=False, master_listen_fd=listener.fileno())
-    except BaseException:
-        listener.close()
-        raise
-    listener.detach()  # the store owns the descriptor now
-    return server
-
-
-def open_store(rdv: Rendezvous, rank: int, world_size: int):
-    """This rank's handle on the store behind ``rdv`` (and rank 0's server, else None)."""
-    from torch.distributed import FileStore, TCPStore
-    if rdv.kind == "file":
-        return FileStore(rdv.path, world_size), None
-    server = serve_store(rdv.port, world_size) if rank == 0 else None
-    client = TCPStore("127.0.0.1", rdv.port, world_size, is_master=False, timeout=STORE_TIMEOUT)
-    return client, server
-
-
-def join_group(rdv: Rendezvous) -> dict:
-    """Leave ddp_lab's env:// group, build the default group again through ``rdv``, and
-    prove it works with an all_reduce of rank + 1 (so every rank gets N(N+1)/2).
-
-    The init method belongs to the default group, hence destroy + init. Rank 0 serves the
-    TCPStore on loopback; TORCHELASTIC_USE_AGENT_STORE=True (torchrun sets it too) tells
-    init_process_group the server exists, so every rank connects as a client.
-    """
-    import torch
-    import torch.distributed as dist
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dist.destroy_process_group()
-    server = None
-    if rdv.kind != "file":
-        os.environ.update(TORCHELASTIC_USE_AGENT_STORE="True", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(rdv.port))
-        server = serve_store(rdv.port, world) if rank == 0 else None
-    if rdv.kind == "env":  # rank and world size come from RANK and WORLD_SIZE
-        dist.init_process_group("gloo", init_method="env://", timeout=STORE_TIMEOUT)
-    else:
-        dist.init_process_group("gloo", init_method=rdv.url, rank=rank, world_size=world,
-                                timeout=STORE_TIMEOUT)
-    t = torch.tensor([rank + 1.0])
-    dist.all_reduce(t)
-    info = {"url": rdv.url, "rank": dist.get_rank(), "world_size": dist.get_world_size(),
-            "sum": t.item(), "listening": listening_hosts()}
-    dist.barrier()  # nobody still needs rank 0's store after this
-    dist.destroy_process_group()
-    del server
-    return info
-
-
-def listening_hosts() -> list[str]:
-    """The addresses this process listens on (the store server, gloo's own sockets)."""
-    import psutil
-    return sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp")
-                   if c.status == "LISTEN"})
-
-
-def register(rdv: Rendezvous) -> dict:
-    """A tiny rendezvous by hand: each rank draws a ticket with ``add`` (atomic, so tickets
-    are 1..N in arrival order), tries to become leader with ``compare_set`` (only the first
-    try succeeds), then registers host:pid under its own key; all wait for everybody."""
-    import torch.distributed as dist
-    rank, world = dist.get_rank(), dist.get_world_size()
-    store, server = open_store(rdv, rank, world)
-    ticket = store.add("arrived", 1)
-    leader = int(store.compare_set("leader", "", str(rank)))
-    # Registered last: once every worker key exists, every rank's add is done too.
-    store.set(f"worker/{rank}", f"{socket.gethostname()}:{os.getpid()}")
-    store.wait([f"worker/{r}" for r in range(world)])
-    info = {"rank": rank, "ticket": ticket, "arrived": store.add("arrived", 0),
-            "leader": leader, "roster": [store.get(f"worker/{r}").decode() for r in range(world)]}
-    store.set(f"done/{rank}", "1")
-    if server is not None:  # the server must outlive every client's last request
-        store.wait([f"done/{r}" for r in range(world)])
-    return info
-
-
 # -- barriers and printing in rank order --------------------------------------------------
 def barrier_timeline(work_s=(0.10, 0.40, 0.25, 0.15)) -> list[tuple[str, float, float]]:
     """Work for a rank-dependent time, then ``dist.barrier()``. Returns this rank's
@@ -225,7 +102,8 @@ def dprint(*args, **kwargs) -> None:
 
 class StampedStdout(io.TextIOBase):
     """stdout that also notes when each line was written (time.time()), so lines from
-    several processes can be put back in the order they were really written."""
+    several processes can be put back in the order they were really written. Used as
+    ``with redirect_stdout(StampedStdout(sys.stdout)) as out: ...``, then ``out.lines``."""
 
     def __init__(self, target):
         self.target, self.lines, self.partial = target, [], ""
@@ -241,34 +119,26 @@ class StampedStdout(io.TextIOBase):
         self.target.flush()
 
 
-@contextmanager
-def stamped_stdout():
-    """Within the block, ``print`` still reaches the cell; yields the (time, line) list."""
-    stream = StampedStdout(sys.stdout)
-    with redirect_stdout(stream):
-        yield stream.lines
-
-
 def print_freely(work_s: float = 0.01) -> list[tuple[float, str]]:
     """Seed 000's lines, printed as soon as each rank gets there, with a little work
     between them (after a barrier that lines the ranks up, as a training step would):
     nothing orders one rank's lines against another's."""
     import torch.distributed as dist
     dist.barrier()
-    with stamped_stdout() as lines:
+    with redirect_stdout(StampedStdout(sys.stdout)) as out:
         for line in seed_lines():
             print(line)
             time.sleep(work_s)
-    return lines
+    return out.lines
 
 
 def print_in_rank_order() -> list[tuple[float, str]]:
     """The same lines through ``dprint``: rank 0's block, then rank 1's, and so on."""
     import torch.distributed as dist
     dist.barrier()
-    with stamped_stdout() as lines:
+    with redirect_stdout(StampedStdout(sys.stdout)) as out:
         dprint("\n".join(seed_lines()))
-    return lines
+    return out.lines
 
 
 def write_order(stamped_per_rank) -> list[tuple[int, str]]:
