@@ -74,7 +74,7 @@ def test_join_group_through_each_init_method(n, kind, tmp_path):
         assert_close(torch.tensor(info["sum"]), reference)
         assert info["listening"] in ([], ["127.0.0.1"])  # loopback only
     assert values[0]["listening"] == ["127.0.0.1"]
-    assert os.listdir(tmp_path) == []  # FileStore removes its file after the last rank
+    # (a FileStore's file is removed by the last rank's destructor: best effort, not asserted)
 
 
 def test_a_port_can_serve_again_right_after_a_run():
