@@ -50,16 +50,20 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
 def pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
     """fn and its arguments as bytes, or a TypeError that says which part cannot travel."""
     import cloudpickle
+    try:
+        return cloudpickle.dumps((fn, args, kwargs, interactive_sources()))
+    except Exception:  # noqa: BLE001 - pickling fails in many ways; find the culprit
+        pass
     for what, obj in (("fn", fn), ("args", args), ("kwargs", kwargs)):
         try:
             cloudpickle.dumps(obj)
-        except Exception as exc:  # noqa: BLE001 - pickling fails in many ways
+        except Exception as exc:  # noqa: BLE001
             raise TypeError(
                 f"{what} cannot be sent to the ranks ({type(exc).__name__}: {exc}). Every "
                 "rank is a separate process, so fn and its arguments are pickled: pass plain "
                 "data (numbers, strings, lists, dicts, CPU tensors) and create locks, open "
                 "files, sockets or generators inside fn instead.") from exc
-    return cloudpickle.dumps((fn, args, kwargs, interactive_sources()))
+    raise TypeError("fn and its arguments cannot be pickled together; pass plain data")
 
 
 def interactive_sources() -> dict:
