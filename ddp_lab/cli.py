@@ -104,6 +104,15 @@ def _add_bench(sub) -> None:
     launch.add_argument("--repeats", type=int, default=3, help="runs of each slow launcher")
     launch.add_argument("--warm-repeats", type=int, default=10)
     launch.set_defaults(handler=_cmd_bench_launch)
+    allreduce = which.add_parser("allreduce", help="from-scratch all-reduces vs gloo: table + plots")
+    allreduce.add_argument("--out", default="build/bench", help="folder for the figures")
+    allreduce.add_argument("-n", "--world-sizes", type=int, nargs="+", default=[2, 4])
+    allreduce.add_argument("--threads", type=int, default=2,
+                           help="threads per rank for the oversubscribed run")
+    allreduce.add_argument("--repeats", type=int, default=20)
+    allreduce.add_argument("--sizes", type=int, nargs="+", default=None,
+                           help="bytes (default 1 KiB..64 MiB)")
+    allreduce.set_defaults(handler=_cmd_bench_allreduce)
 
 
 def _cmd_bench_launch(args: argparse.Namespace) -> int:
@@ -113,6 +122,12 @@ def _cmd_bench_launch(args: argparse.Namespace) -> int:
         progress=lambda name, s: print(f"  {name:<16} {s:7.3f} s", flush=True))
     print("\n" + bench.format_report(times))
     return 0
+
+
+def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
+    from ddp_lab import bench_allreduce
+    return bench_allreduce.main(out_dir=args.out, world_sizes=tuple(args.world_sizes),
+                                threads=args.threads, repeats=args.repeats, sizes=args.sizes)
 
 
 REGISTRARS: tuple[Registrar, ...] = (_add_doctor, _add_run, _add_notebooks, _add_bench)

@@ -61,3 +61,13 @@ def test_report_and_figure_come_from_the_measurements():
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == list(times.seconds)
     assert [round(p.get_width(), 3) for p in ax.patches] == [4.5, 4.5, 2.0, 0.2]
+
+
+def test_bench_allreduce_prints_the_table_and_saves_the_figures(tmp_path, capsys):
+    code = main(["bench", "allreduce", "-n", "2", "--sizes", "1024", "65536",
+                 "--repeats", "2", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "ring" in out and "gloo" in out
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "allreduce_bytes.png", "allreduce_curves.png", "allreduce_threads.png"]

@@ -16,6 +16,10 @@ DEMOS = {
     "barrier_timeline": "ddp_lab.demos.processes:barrier_timeline",
     "print_freely": "ddp_lab.demos.processes:print_freely",
     "dprint": "ddp_lab.demos.processes:print_in_rank_order",
+    # 04 all-reduce from scratch
+    "ring_trace": "ddp_lab.demos.allreduce:ring_trace",
+    "allreduce_check": "ddp_lab.demos.allreduce:compare_with_builtin",
+    "allreduce_sweep": "ddp_lab.demos.allreduce_bench:time_sweep",  # ~10-20 s
     # 02 point to point
     "send_recv": "ddp_lab.demos.point_to_point:nonblocking_send_recv",
     "recv_any": "ddp_lab.demos.point_to_point:recv_from_any",

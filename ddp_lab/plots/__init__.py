@@ -9,13 +9,15 @@ import sys
 
 from matplotlib.figure import Figure
 
+from ddp_lab.plots.allreduce import allreduce_curves, bytes_per_rank, ring_steps, threads_effect
 from ddp_lab.plots.bandwidth import latency_bandwidth
 from ddp_lab.plots.collectives import collective_picture, results_picture, timing_bars
 from ddp_lab.plots.launch import launch_latency
 from ddp_lab.plots.timeline import rank_timeline
 
 __all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results_picture",
-           "timing_bars", "rank_timeline"]
+           "timing_bars", "rank_timeline", "allreduce_curves", "bytes_per_rank", "ring_steps",
+           "threads_effect"]
 
 
 def _show_figures_in_notebooks() -> None:

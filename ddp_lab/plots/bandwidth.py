@@ -28,7 +28,7 @@ def _latency_panel(ax, result) -> None:
             label="fastest of the repeats")
     ax.axhline(result.alpha * 1e6, color="#c44e52", ls="--", lw=1,
                label=f"α ≈ {result.alpha * 1e6:.0f} us (fastest message)")
-    _log_log(ax, result.sizes, "one-way time (us, log)",
+    log_log_axes(ax, result.sizes, "one-way time (us, log)",
              "Latency: flat (α), then grows with size (β)")
 
 
@@ -39,10 +39,10 @@ def _bandwidth_panel(ax, result) -> None:
     half = result.half_bandwidth_size
     ax.axvline(half, color="#8172b2", ls=":", lw=1.5,
                label=f"n½ = α/β ≈ {format_bytes(round(half))}: half the peak")
-    _log_log(ax, result.sizes, "bandwidth (GB/s, log)", "Bandwidth: size / one-way time")
+    log_log_axes(ax, result.sizes, "bandwidth (GB/s, log)", "Bandwidth: size / one-way time")
 
 
-def _log_log(ax, sizes, ylabel: str, title: str) -> None:
+def log_log_axes(ax, sizes, ylabel: str, title: str) -> None:
     """Both axes logarithmic; message sizes labelled in B/KiB/MiB at every other point."""
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)

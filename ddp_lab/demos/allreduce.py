@@ -1,0 +1,274 @@
+"""Notebook 04: all-reduce built from nothing but send/recv/isend/irecv.
+
+Four algorithms, each summing ``tensor`` in place across the group like ``dist.all_reduce``:
+reduce to a root then broadcast, the whole-tensor ring of the original PyTorch tutorial,
+the bandwidth-optimal chunked ring (reduce-scatter then all-gather), and recursive
+halving/doubling. Every one talks through a ``Link``, which counts the bytes this rank
+sends so the notebook can compare them with the prediction. The timing sweep lives in
+``allreduce_bench``.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+
+
+class Link:
+    """This rank's end of the wires: send/recv by group rank, counting bytes sent.
+
+    Empty tensors are skipped on both sides (each side knows the sizes), because a chunk of
+    a tensor smaller than the world size may be empty and gloo has nothing to move for it.
+    """
+
+    def __init__(self, group=None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.bytes_sent = 0
+
+    def _peer(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        if tensor.numel():
+            dist.send(tensor, self._peer(dst), group=self.group)
+            self.bytes_sent += tensor.numel() * tensor.element_size()
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        if tensor.numel():
+            dist.recv(tensor, self._peer(src), group=self.group)
+
+    def exchange(self, outgoing: torch.Tensor, dst: int, incoming: torch.Tensor, src: int):
+        """Send and receive at once (isend + irecv, then wait): no send-send deadlock, and
+        the two directions of the link overlap instead of taking turns."""
+        requests = []
+        if outgoing.numel():
+            requests.append(dist.isend(outgoing, self._peer(dst), group=self.group))
+            self.bytes_sent += outgoing.numel() * outgoing.element_size()
+        if incoming.numel():
+            requests.append(dist.irecv(incoming, self._peer(src), group=self.group))
+        for request in requests:
+            request.wait()
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A 1-D contiguous view of the tensor when possible (so results land in place), else a
+    copy that ``_write_back`` returns into the tensor."""
+    return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+
+
+def _write_back(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    if tensor.numel() and flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view(tensor.shape))
+    return tensor
+
+
+def reduce_broadcast(tensor: torch.Tensor, group=None, link: Link | None = None):
+    """Everyone sends to rank 0, which adds, then sends the sum back to everyone. Simple,
+    but rank 0's link carries (N-1) whole tensors each way: it grows with N."""
+    link = link or Link(group)
+    flat, root = _flat(tensor), 0
+    if link.rank == root:
+        incoming = torch.empty_like(flat)
+        for peer in range(1, link.world):
+            link.recv(incoming, peer)
+            flat += incoming
+        for peer in range(1, link.world):
+            link.send(flat, peer)
+    else:
+        link.send(flat, root)
+        link.recv(flat, root)
+    return _write_back(tensor, flat)
+
+
+def whole_ring(tensor: torch.Tensor, group=None, link: Link | None = None):
+    """The original tutorial's ring: pass the whole tensor to the right N-1 times, adding
+    what arrives from the left. Each rank sends (N-1) whole tensors."""
+    link = link or Link(group)
+    flat = _flat(tensor)
+    right, left = (link.rank + 1) % link.world, (link.rank - 1) % link.world
+    outgoing, incoming = flat.clone(), torch.empty_like(flat)
+    for _ in range(link.world - 1):
+        link.exchange(outgoing, right, incoming, left)
+        flat += incoming
+        outgoing, incoming = incoming, outgoing  # pass on what just arrived
+    return _write_back(tensor, flat)
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None, link: Link | None = None,
+                    on_step=None):
+    """The bandwidth-optimal ring: cut the tensor into N chunks, reduce-scatter them around
+    the ring (N-1 steps, each rank ends up owning one summed chunk), then all-gather the
+    summed chunks (N-1 more steps). Each rank sends 2(N-1)/N of the tensor, whatever N.
+    ``on_step(phase, step, flat)`` is called after every step (the notebook's pictures)."""
+    link = link or Link(group)
+    flat = _flat(tensor)
+    chunks = torch.tensor_split(flat, link.world)  # contiguous views, sizes differ by <= 1
+    scratch = torch.empty(chunks[0].numel(), dtype=flat.dtype)
+    _ring_phase(link, chunks, scratch, "reduce-scatter", on_step, flat)
+    _ring_phase(link, chunks, scratch, "all-gather", on_step, flat)
+    return _write_back(tensor, flat)
+
+
+def _ring_phase(link: Link, chunks, scratch, phase: str, on_step, flat) -> None:
+    """One lap of N-1 steps. In step s rank r sends chunk r-s (reduce-scatter) or r+1-s
+    (all-gather) to the right and receives the chunk one lower from the left."""
+    r, n = link.rank, link.world
+    first = 0 if phase == "reduce-scatter" else 1
+    for step in range(n - 1):
+        out, into = chunks[(r + first - step) % n], chunks[(r + first - step - 1) % n]
+        if phase == "reduce-scatter":
+            incoming = scratch[:into.numel()]
+            link.exchange(out, (r + 1) % n, incoming, (r - 1) % n)
+            into += incoming
+        else:
+            link.exchange(out, (r + 1) % n, into, (r - 1) % n)  # lands in place
+        if on_step is not None:
+            on_step(phase, step, flat)
+
+
+def halving_doubling(tensor: torch.Tensor, group=None, link: Link | None = None):
+    """Recursive halving then doubling (Rabenseifner) for power-of-two N: exchange half the
+    segment with the partner at distance N/2, N/4, ..., 1 (reduce-scatter in log2 N steps),
+    then retrace the steps swapping summed halves (all-gather). Same 2(N-1)/N bytes as the
+    ring, but log2 N messages per phase instead of N-1: better when latency dominates."""
+    link = link or Link(group)
+    if link.world & (link.world - 1):
+        raise ValueError(f"halving_doubling needs a power-of-two world size, got {link.world}")
+    flat = _flat(tensor)
+    scratch = torch.empty((flat.numel() + 1) // 2, dtype=flat.dtype)
+    segments = _halve(link, flat, scratch)
+    _double(link, flat, segments)
+    return _write_back(tensor, flat)
+
+
+def _halve(link: Link, flat, scratch) -> list:
+    """Reduce-scatter: keep the lower or upper half of the current segment, send the other
+    half to the partner and add the partner's copy of ours. Returns the visited segments."""
+    lo, hi, segments, distance = 0, flat.numel(), [], link.world // 2
+    while distance:
+        segments.append((lo, hi, distance))
+        mid = lo + (hi - lo) // 2
+        keep_low = not link.rank & distance
+        (klo, khi), (slo, shi) = ((lo, mid), (mid, hi)) if keep_low else ((mid, hi), (lo, mid))
+        incoming = scratch[:khi - klo]
+        link.exchange(flat[slo:shi], link.rank ^ distance, incoming, link.rank ^ distance)
+        flat[klo:khi] += incoming
+        lo, hi, distance = klo, khi, distance // 2
+    segments.append((lo, hi, 0))
+    return segments
+
+
+def _double(link: Link, flat, segments: list) -> None:
+    """All-gather: walk the segments back up, sending the summed part we own and receiving
+    the partner's, which together make the parent segment."""
+    (lo, hi, _) = segments[-1]
+    for plo, phi, distance in reversed(segments[:-1]):
+        other = (hi, phi) if lo == plo else (plo, lo)
+        link.exchange(flat[lo:hi], link.rank ^ distance, flat[other[0]:other[1]],
+                      link.rank ^ distance)
+        lo, hi = plo, phi
+
+
+ALGORITHMS = {"reduce_broadcast": reduce_broadcast, "whole_ring": whole_ring,
+              "ring": ring_all_reduce, "halving_doubling": halving_doubling}
+
+
+def predicted_bytes(algorithm: str, nbytes: int, world: int) -> list[float]:
+    """Bytes each rank sends for one all-reduce of ``nbytes``, by the algorithm's design."""
+    if world == 1:
+        return [0.0]
+    if algorithm == "reduce_broadcast":
+        return [float((world - 1) * nbytes)] + [float(nbytes)] * (world - 1)
+    if algorithm == "whole_ring":
+        return [float((world - 1) * nbytes)] * world
+    return [2 * (world - 1) / world * nbytes] * world  # ring, halving_doubling
+
+
+def _rank_tensor(shape, dtype, seed: int = 0) -> torch.Tensor:
+    """Different data on every rank, reproducible by the single-process reference."""
+    gen = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    return torch.randint(-100, 100, shape, generator=gen).to(dtype)
+
+
+def compare_with_builtin(shape=(10,), dtype=torch.float32, seed: int = 0,
+                         transposed: bool = False) -> dict:
+    """Run every algorithm that fits this world size on the same data as ``dist.all_reduce``
+    and return {name: (result, bytes sent)} plus the built-in's result under "builtin"."""
+    mine, world, out = _rank_tensor(shape, dtype, seed), dist.get_world_size(), {}
+    for name, algorithm in ALGORITHMS.items():
+        if name == "halving_doubling" and world & (world - 1):
+            continue
+        tensor = mine.clone().t() if transposed else mine.clone()  # t(): not contiguous
+        link = Link()
+        algorithm(tensor, link=link)
+        out[name] = (tensor.t() if transposed else tensor, link.bytes_sent)
+    builtin = mine.clone()
+    dist.all_reduce(builtin)
+    out["builtin"] = (builtin, 0)
+    return out
+
+
+def ring_trace(chunk: int = 2) -> list:
+    """A real ring all-reduce of a small int64 tensor with rank r holding 10**r everywhere,
+    so every element's digits say which ranks it already contains (1011: ranks 0, 1, 3).
+    Returns [(phase, step, buffer after the step)], the first entry being the input."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensor = torch.full((chunk * world,), 10 ** rank, dtype=torch.int64)
+    steps = [("input", -1, tensor.clone())]
+    ring_all_reduce(tensor, on_step=lambda phase, step, flat: steps.append(
+        (phase, step, flat.clone())))
+    return steps
+
+
+# --- the exercise: reduce-scatter from send/recv ----------------------------------------------
+
+def check_reduce_scatter(fn, world_sizes=(1, 2, 3, 4), timeout: float = 15.0) -> str:
+    """Runs the learner's ``fn(tensor) -> chunk`` (the sum over ranks of this rank's chunk,
+    ``tensor`` holding world_size equal chunks) on real ranks and compares it with
+    ``dist.reduce_scatter_tensor`` (gloo has it since PyTorch 2.x; older gloo builds fall
+    back to the all-reduced tensor's chunk, which is the same thing)."""
+    import ddp_lab
+    for n in world_sizes:
+        try:
+            res = ddp_lab.run(_reduce_scatter_exercise, world_size=n, args=(fn,),
+                              timeout=timeout, echo=False)
+        except ddp_lab.WorkerTimeout as err:
+            raise AssertionError(f"your function hung on {n} ranks: a blocking send on "
+                                 "every rank waits forever; use link-style isend + irecv "
+                                 "then wait (see Link.exchange)") from err
+        except ddp_lab.WorkerError as err:
+            raise AssertionError(f"your function failed on rank {err.rank} of {n}:\n"
+                                 f"{err.traceback}") from None
+        for rank, (got, expected) in enumerate(res.values):
+            if not (isinstance(got, torch.Tensor) and got.shape == expected.shape
+                    and torch.equal(got, expected)):
+                raise AssertionError(f"with {n} ranks, rank {rank} should return the sum of "
+                                     f"chunk {rank} over all ranks, {expected}, got {got}")
+    return f"passed on {', '.join(map(str, world_sizes))} ranks: same as reduce_scatter_tensor"
+
+
+def _reduce_scatter_exercise(fn, chunk: int = 3):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tensor = torch.arange(chunk * world, dtype=torch.int64) * (rank + 1)
+    with mock.patch.multiple(dist, all_reduce=_refuse, reduce_scatter=_refuse,
+                             reduce_scatter_tensor=_refuse):
+        got = fn(tensor.clone())
+    expected = torch.empty(chunk, dtype=tensor.dtype)
+    try:
+        dist.reduce_scatter_tensor(expected, tensor)
+    except (RuntimeError, ValueError):  # older gloo: "does not support reduce_scatter"
+        total = tensor.clone()
+        dist.all_reduce(total)
+        expected = total.chunk(world)[rank].clone()
+    return got, expected
+
+
+def _refuse(*args, **kwargs):
+    raise RuntimeError("this exercise builds reduce-scatter from send/recv/isend/irecv: "
+                       "calling the collective would skip the point")
