@@ -47,10 +47,17 @@ def wait_until_gone(pids, seconds: float = 10.0) -> list[int]:
     """The pids still alive (zombies count as gone) after waiting up to ``seconds``."""
     deadline = time.monotonic() + seconds
     while True:
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and _alive(psutil.Process(pid))]
+        alive = [pid for pid in pids if _pid_alive(pid)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return _alive(psutil.Process(pid))
+    except psutil.NoSuchProcess:  # it may vanish between any two calls
+        return False
 
 
 def run_folders() -> set[str]:
