@@ -78,8 +78,12 @@ class WorkerTimeout(DistributedRunError):
                  "peer, waits forever: check that every rank calls the same collectives in "
                  "the same order (uneven data is the usual cause), or raise timeout= if the "
                  "work is just slow.", ""]
+        from ddp_lab.stacks import waiting_in
         for rank in self.stuck_ranks:
-            lines += [f"rank {rank} was here:", _indent(self.stacks.get(rank, "(no stack)")), ""]
+            stack = self.stacks.get(rank, "(no stack)")
+            where = waiting_in(stack)
+            lines += [f"rank {rank} was here" + (f", waiting in {where}:" if where else ":"),
+                      _indent(stack), ""]
         return "\n".join(lines).rstrip()
 
 
