@@ -16,3 +16,23 @@ class ToyModel(nn.Module):
 
     def forward(self, x):
         return self.net2(self.relu(self.net1(x)))
+
+
+class ToyMpModel(nn.Module):
+    """The seed's model-parallel ToyModel (seed 002): net1 on ``dev0``, net2 on ``dev1``.
+
+    Each DDP rank owns two devices; activations move between them in forward and autograd
+    moves the gradients back. On a CPU-only machine both devices are ``"cpu"``: the code path
+    is the same, only the copies between devices become no-ops.
+    """
+
+    def __init__(self, dev0, dev1):
+        super().__init__()
+        self.dev0, self.dev1 = dev0, dev1
+        self.net1 = nn.Linear(10, 10).to(dev0)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5).to(dev1)
+
+    def forward(self, x):
+        x = self.relu(self.net1(x.to(self.dev0)))
+        return self.net2(x.to(self.dev1))
