@@ -36,3 +36,24 @@ class ToyMpModel(nn.Module):
     def forward(self, x):
         x = self.relu(self.net1(x.to(self.dev0)))
         return self.net2(x.to(self.dev1))
+
+
+class DigitsCNN(nn.Module):
+    """A small CNN for handwritten digits: 1x8x8 (scikit-learn's digits) or 1x28x28 (MNIST).
+
+    Two 3x3 convolutions, a 2x2 max-pool, then an adaptive average pool to 4x4 so the same
+    ~150k parameters fit both image sizes: the course trains on digits offline and the very
+    same model on MNIST where the files exist.
+    """
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2), nn.AdaptiveAvgPool2d(4))
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
