@@ -3,8 +3,12 @@
 ``train(config)`` runs inside an initialized process group, so the same code serves
 ``ddp_lab.run``, ``ddp_lab.run_script``, plain ``torchrun`` and multi-node torchrun.
 It is deterministic on CPU: every epoch reseeds from (seed, epoch, rank) and the sampler
-shuffles by ``set_epoch``, so a run resumed from an epoch checkpoint is bit-identical to
-one that was never interrupted (notebook 08 kills one to show it).
+shuffles by ``set_epoch``, so a run resumed from an epoch checkpoint continues exactly as
+one that was never interrupted (notebook 08 kills one to show it): bit for bit on 1 or 2
+ranks, to float rounding on 3 or more. A new process's DDP lays its gradient bucket out in
+registration order and rebuilds it in gradient-ready order after the first step, so the
+first step after a resume feeds the ring all-reduce a different layout, and a sum of three
+or more floats depends on its order.
 """
 
 from __future__ import annotations
