@@ -113,6 +113,12 @@ def _add_bench(sub) -> None:
     allreduce.add_argument("--sizes", type=int, nargs="+", default=None,
                            help="bytes (default 1 KiB..64 MiB)")
     allreduce.set_defaults(handler=_cmd_bench_allreduce)
+    ddp = which.add_parser("ddp", help="weak scaling of a compute-bound DDP step, 1 -> 2 ranks")
+    ddp.add_argument("-n", "--world-sizes", type=int, nargs="+", default=[1, 2])
+    ddp.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    ddp.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    ddp.add_argument("--repeats", type=int, default=3, help="alternating runs per world size")
+    ddp.set_defaults(handler=_cmd_bench_ddp)
 
 
 def _cmd_bench_launch(args: argparse.Namespace) -> int:
@@ -128,6 +134,12 @@ def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
     from ddp_lab import bench_allreduce
     return bench_allreduce.main(out_dir=args.out, world_sizes=tuple(args.world_sizes),
                                 threads=args.threads, repeats=args.repeats, sizes=args.sizes)
+
+
+def _cmd_bench_ddp(args: argparse.Namespace) -> int:
+    from ddp_lab import bench_ddp
+    return bench_ddp.main(world_sizes=tuple(args.world_sizes), per_rank_batch=args.batch,
+                          steps=args.steps, repeats=args.repeats)
 
 
 REGISTRARS: tuple[Registrar, ...] = (_add_doctor, _add_run, _add_notebooks, _add_bench)

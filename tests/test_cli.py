@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -71,3 +72,11 @@ def test_bench_allreduce_prints_the_table_and_saves_the_figures(tmp_path, capsys
     assert "ring" in out and "gloo" in out
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "allreduce_bytes.png", "allreduce_curves.png", "allreduce_threads.png"]
+
+
+def test_bench_ddp_ends_with_the_scaling_line(capsys):
+    code = main(["bench", "ddp", "--steps", "2", "--repeats", "1", "--batch", "4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "ranks  samples/s  speed-up" in out
+    assert re.search(r"^scaling 1->2 ranks: \d+\.\d\dx samples/s$", out.strip().splitlines()[-1])

@@ -152,3 +152,30 @@ def test_train_cnn_under_real_torchrun(tmp_path):
     assert proc.returncode == 0, out
     assert "Epoch [0/1], Batch [0/23], Loss:" in out and "Epoch [0/1] completed." in out
     assert "Test accuracy:" in out and (tmp_path / "ck.pt").is_file()
+
+
+# --- notebook 06's throughput demo and exercise --------------------------------------------
+
+def test_step_throughput_reports_the_slowest_rank():
+    from ddp_lab.demos.training import StepConfig, scaling_table, step_throughput
+
+    config = StepConfig(steps=2, warmup=1)
+    results = {n: ddp_lab.run(step_throughput, world_size=n, args=(config,), echo=False)
+               for n in (1, 2)}
+    assert results[2][0] == results[2][1]  # one figure for the job, agreed by all ranks
+    two = results[2][0]
+    assert two["samples_per_s"] == pytest.approx(2 * 32 / two["step_s"])
+    rows = scaling_table({n: r[0] for n, r in results.items()})
+    assert rows[0]["speedup"] == 1.0 and rows[1]["efficiency"] == rows[1]["speedup"] / 2
+
+
+def test_global_throughput_checker_accepts_the_answer_and_explains_a_wrong_one():
+    from ddp_lab.demos.training import check_global_throughput, global_throughput
+
+    assert "correct on 3 ranks: 200.0 samples/s" == check_global_throughput(global_throughput)
+
+    def own_rank_only(samples, seconds):
+        return samples / seconds
+
+    with pytest.raises(AssertionError, match="slowest rank's time"):
+        check_global_throughput(own_rank_only)

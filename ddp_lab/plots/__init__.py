@@ -14,10 +14,11 @@ from ddp_lab.plots.bandwidth import latency_bandwidth
 from ddp_lab.plots.collectives import collective_picture, results_picture, timing_bars
 from ddp_lab.plots.launch import launch_latency
 from ddp_lab.plots.timeline import rank_timeline
+from ddp_lab.plots.training import digit_samples, loss_curves, scaling
 
 __all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results_picture",
            "timing_bars", "rank_timeline", "allreduce_curves", "bytes_per_rank", "ring_steps",
-           "threads_effect"]
+           "threads_effect", "digit_samples", "loss_curves", "scaling"]
 
 
 def _show_figures_in_notebooks() -> None:
