@@ -39,6 +39,9 @@ DEMOS = {
     "reduce_ops": "ddp_lab.demos.collectives:try_reduce_ops",
     "objects": "ddp_lab.demos.collective_costs:object_collectives",
     "barrier": "ddp_lab.demos.collective_costs:barrier_release",
+    # 06 training a CNN
+    "train_cnn": "ddp_lab.training:train",  # 10 epochs on the digits, ~10 s on 2 ranks
+    "step_throughput": "ddp_lab.demos.training:step_throughput",
 }
 
 
