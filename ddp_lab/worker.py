@@ -87,8 +87,22 @@ def _become_rank_process(spec: RankSpec, output_fd: int) -> None:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(spec.threads)
+    _reseed_random_generators(torch)
     # torch read TORCH_DISTRIBUTED_DEBUG when the fork server imported it: read it again
     dist.set_debug_level_from_env()
+
+
+def _reseed_random_generators(torch) -> None:
+    """Fresh seeds from the OS, as a separately started process (torchrun's) would have:
+    a forked rank inherits the fork server's generators, so without this every rank of
+    every run would draw the same "random" numbers. Code that wants reproducibility seeds
+    explicitly, as it must under torchrun too (notebook 05)."""
+    import random
+
+    import numpy
+    random.seed()
+    numpy.random.seed()
+    torch.seed()
 
 
 def _watch_lifeline(lifeline_fd: int) -> None:

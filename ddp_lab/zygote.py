@@ -17,6 +17,7 @@ When the launcher goes away (EOF on the socket) every rank is killed and the ser
 
 from __future__ import annotations
 
+import importlib
 import os
 import selectors
 import shutil
@@ -28,10 +29,14 @@ from ddp_lab import channel
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
            "cloudpickle", "numpy", "ddp_lab.worker")
+# DDP's constructor imports torch._dynamo (~1-3 s per rank). Importing it before the first
+# run would delay every cold start by that much; importing it once the first ranks are
+# forked and the server is idle makes every later DDP run start in a fraction of a second.
+DEFERRED = ("torch._dynamo",)
+IDLE_SECONDS = 0.05
 
 
 def preload() -> None:
-    import importlib
     for name in PRELOAD:
         importlib.import_module(name)
 
@@ -46,13 +51,17 @@ class Server:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.wake_w = wake_w
+        self.deferred: list[str] | None = None  # set by the first spawn, emptied when idle
 
     def serve(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ, self._on_message)
         selector.register(self.wake_r, selectors.EVENT_READ, self._on_sigchld)
         while True:
-            for key, _ in selector.select():
+            events = selector.select(IDLE_SECONDS if self.deferred else None)
+            if not events and self.deferred:
+                importlib.import_module(self.deferred.pop(0))
+            for key, _ in events:
                 if key.data() is False:
                     return self.shutdown()
 
@@ -76,6 +85,8 @@ class Server:
         pid = os.fork()
         if pid == 0:
             self._become_rank(spec, fds)
+        if self.deferred is None:
+            self.deferred = list(DEFERRED)
         _setpgid_quietly(pid)  # also done in the child: whichever runs first wins the race
         for fd in fds:
             os.close(fd)

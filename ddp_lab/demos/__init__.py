@@ -39,6 +39,15 @@ DEMOS = {
     "reduce_ops": "ddp_lab.demos.collectives:try_reduce_ops",
     "objects": "ddp_lab.demos.collective_costs:object_collectives",
     "barrier": "ddp_lab.demos.collective_costs:barrier_release",
+    # 05 DDP basics
+    "ddp_basic": "ddp_lab.demos.ddp_basics:seed_basic_example",
+    "ddp_anatomy": "ddp_lab.demos.ddp_basics:anatomy_of_a_step",
+    "ddp_buffers": "ddp_lab.demos.ddp_basics:buffers_in_forward",
+    "ddp_straggler": "ddp_lab.demos.ddp_basics:straggle_at",  # hangs: use --timeout 5
+    "ddp_model_parallel": "ddp_lab.demos.ddp_basics:model_parallel_step",
+    "ddp_seeds": "ddp_lab.demos.ddp_seeds:seeding_experiment",
+    "sampler": "ddp_lab.demos.ddp_sampling:sampler_indices",
+    "eval_padding": "ddp_lab.demos.ddp_sampling:evaluate_three_ways",
     # 06 training a CNN
     "train_cnn": "ddp_lab.training:train",  # 10 epochs on the digits, ~10 s on 2 ranks
     "step_throughput": "ddp_lab.demos.training:step_throughput",

@@ -11,6 +11,8 @@ from matplotlib.figure import Figure
 
 from ddp_lab.plots.allreduce import allreduce_curves, bytes_per_rank, ring_steps, threads_effect
 from ddp_lab.plots.bandwidth import latency_bandwidth
+from ddp_lab.plots.ddp_basics import (anatomy_picture, dropout_masks, epoch_orders,
+                                     equivalence_plot, resume_plot, shard_coverage)
 from ddp_lab.plots.collectives import collective_picture, results_picture, timing_bars
 from ddp_lab.plots.launch import launch_latency
 from ddp_lab.plots.timeline import rank_timeline
@@ -18,7 +20,8 @@ from ddp_lab.plots.training import digit_samples, loss_curves, scaling
 
 __all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results_picture",
            "timing_bars", "rank_timeline", "allreduce_curves", "bytes_per_rank", "ring_steps",
-           "threads_effect", "digit_samples", "loss_curves", "scaling"]
+           "threads_effect", "digit_samples", "loss_curves", "scaling", "anatomy_picture",
+           "dropout_masks", "epoch_orders", "equivalence_plot", "resume_plot", "shard_coverage"]
 
 
 def _show_figures_in_notebooks() -> None:
