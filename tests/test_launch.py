@@ -160,3 +160,20 @@ def test_two_launcher_processes_at_once_never_collide():
     outputs = [p.communicate(timeout=100) for p in launchers]
     for process, (out, err) in zip(launchers, outputs):
         assert process.returncode == 0 and out.strip() == "ok", err
+
+
+def _random_draws():
+    import random
+
+    import numpy
+    return torch.initial_seed(), random.random(), float(numpy.random.rand())
+
+
+def test_ranks_draw_different_random_numbers_like_separate_processes():
+    """Forked ranks must not inherit one generator state: under torchrun every process is
+    seeded from the OS, so unseeded code must behave the same way here."""
+    first = ddp_lab.run(_random_draws, world_size=2, echo=False).values
+    second = ddp_lab.run(_random_draws, world_size=2, echo=False).values
+    for generator in range(3):
+        draws = [first[0][generator], first[1][generator], second[0][generator]]
+        assert len(set(draws)) == 3, f"generator {generator} repeats across ranks or runs"
