@@ -119,6 +119,11 @@ def _add_bench(sub) -> None:
     ddp.add_argument("--steps", type=int, default=20, help="timed steps per run")
     ddp.add_argument("--repeats", type=int, default=3, help="alternating runs per world size")
     ddp.set_defaults(handler=_cmd_bench_ddp)
+    from ddp_lab import bench_buckets  # argument definitions only: no torch import
+    buckets = which.add_parser("buckets", help="DDP step time against bucket_cap_mb, "
+                                               "with the no-overlap baseline")
+    bench_buckets.add_arguments(buckets)
+    buckets.set_defaults(handler=_cmd_bench_buckets)
 
 
 def _cmd_bench_launch(args: argparse.Namespace) -> int:
@@ -140,6 +145,11 @@ def _cmd_bench_ddp(args: argparse.Namespace) -> int:
     from ddp_lab import bench_ddp
     return bench_ddp.main(world_sizes=tuple(args.world_sizes), per_rank_batch=args.batch,
                           steps=args.steps, repeats=args.repeats)
+
+
+def _cmd_bench_buckets(args: argparse.Namespace) -> int:
+    from ddp_lab import bench_buckets
+    return bench_buckets.main(args)
 
 
 REGISTRARS: tuple[Registrar, ...] = (_add_doctor, _add_run, _add_notebooks, _add_bench)

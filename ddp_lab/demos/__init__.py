@@ -51,6 +51,13 @@ DEMOS = {
     # 06 training a CNN
     "train_cnn": "ddp_lab.training:train",  # 10 epochs on the digits, ~10 s on 2 ranks
     "step_throughput": "ddp_lab.demos.training:step_throughput",
+    # 07 inside DDP
+    "buckets": "ddp_lab.demos.buckets:show_buckets",
+    "overlap": "ddp_lab.demos.overlap:overlap_summary",
+    "comm_hooks": "ddp_lab.demos.comm_hooks:hook_summary",
+    "no_sync": "ddp_lab.demos.accumulation:accumulation_counts",
+    "unused_params": "ddp_lab.demos.unused_params:train_two_heads",
+    "bucket_views": "ddp_lab.demos.ddp_memory:where_gradients_live",
 }
 
 

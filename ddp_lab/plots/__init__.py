@@ -14,6 +14,8 @@ from ddp_lab.plots.bandwidth import latency_bandwidth
 from ddp_lab.plots.ddp_basics import (anatomy_picture, dropout_masks, epoch_orders,
                                      equivalence_plot, resume_plot, shard_coverage)
 from ddp_lab.plots.collectives import collective_picture, results_picture, timing_bars
+from ddp_lab.plots.ddp_costs import accumulation_bars, hook_curves, memory_bars, option_bars
+from ddp_lab.plots.inside_ddp import bucket_map, overlap_timeline, sweep_curve
 from ddp_lab.plots.launch import launch_latency
 from ddp_lab.plots.timeline import rank_timeline
 from ddp_lab.plots.training import digit_samples, loss_curves, scaling
@@ -21,7 +23,9 @@ from ddp_lab.plots.training import digit_samples, loss_curves, scaling
 __all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results_picture",
            "timing_bars", "rank_timeline", "allreduce_curves", "bytes_per_rank", "ring_steps",
            "threads_effect", "digit_samples", "loss_curves", "scaling", "anatomy_picture",
-           "dropout_masks", "epoch_orders", "equivalence_plot", "resume_plot", "shard_coverage"]
+           "dropout_masks", "epoch_orders", "equivalence_plot", "resume_plot", "shard_coverage", "bucket_map",
+           "sweep_curve", "overlap_timeline", "hook_curves", "accumulation_bars", "memory_bars",
+           "option_bars"]
 
 
 def _show_figures_in_notebooks() -> None:
