@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 BACKENDS = ("auto", "gloo", "nccl")
+LAUNCHERS = ("ddp_lab", "torchrun")
 
 
 def check_world_size(world_size) -> int:
@@ -26,6 +27,14 @@ def check_backend(backend) -> str:
                          "'nccl' (one GPU per rank) or 'auto' (nccl when there are enough "
                          "GPUs, else gloo)")
     return backend
+
+
+def check_launcher(launcher) -> str:
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}: use 'ddp_lab' (the default: ranks "
+                         "forked from a warm fork server, fast) or 'torchrun' (torch's own "
+                         "elastic agent, as `torchrun --standalone` starts them)")
+    return launcher
 
 
 def check_timeout(timeout) -> float:

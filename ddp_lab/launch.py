@@ -35,15 +35,24 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
 
 
 def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto",
-               timeout: float = 300.0, env=None, *, echo: bool = True) -> RunResult:
+               timeout: float = 300.0, env=None, *, echo: bool = True,
+               launcher: str = "ddp_lab") -> RunResult:
     """Run a torchrun-compatible script (``init_process_group(init_method="env://")``) on
-    ``world_size`` ranks. ``ddp_lab.report(value)`` in the script sets ``values[rank]``."""
+    ``world_size`` ranks. ``ddp_lab.report(value)`` in the script sets ``values[rank]``.
+
+    ``launcher="torchrun"`` starts the ranks with torch's own elastic agent
+    (``torchrun --standalone``) instead of ddp_lab's fork server: slower to start, the
+    exact torchrun environment, and the same output, errors and cleanup."""
     __tracebackhide__ = True
+    launcher = checks.check_launcher(launcher)
     path, script_args = checks.check_script(script, script_args)
     config = LaunchConfig(world_size=checks.check_world_size(world_size),
                           backend=checks.check_backend(backend),
                           timeout=checks.check_timeout(timeout), env=checks.check_env(env),
                           echo=bool(echo), script=path, script_args=script_args)
+    if launcher == "torchrun":
+        from ddp_lab.torchrun_launch import run_with_torchrun
+        return run_with_torchrun(_checked_backend(config))
     return _launch(config, payload=None)
 
 
@@ -83,6 +92,12 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
         session.start()
         session.wait()
         return conclude(session)
+
+
+def _checked_backend(config: LaunchConfig) -> LaunchConfig:
+    if config.backend == "nccl":
+        checks.check_gpus("nccl", config.world_size, _gpu_count())
+    return replace(config, backend=resolve_backend(config.backend, config.world_size))
 
 
 def resolve_backend(backend: str, world_size: int) -> str:

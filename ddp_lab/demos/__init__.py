@@ -58,6 +58,11 @@ DEMOS = {
     "no_sync": "ddp_lab.demos.accumulation:accumulation_counts",
     "unused_params": "ddp_lab.demos.unused_params:train_two_heads",
     "bucket_views": "ddp_lab.demos.ddp_memory:where_gradients_live",
+    # 08 when it breaks
+    "uneven_hang": "ddp_lab.demos.uneven_inputs:uneven_training",  # hangs: -n 3 --timeout 5
+    "monitored_barrier": "ddp_lab.demos.mismatches:stuck_ranks_at_barrier",  # -n 4
+    # 09 torchrun and multi-node
+    "node_groups": "ddp_lab.demos.multinode:node_sums_reference",  # 2 ranks per node: -n 4
 }
 
 

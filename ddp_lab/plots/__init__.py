@@ -15,9 +15,11 @@ from ddp_lab.plots.ddp_basics import (anatomy_picture, dropout_masks, epoch_orde
                                      equivalence_plot, resume_plot, shard_coverage)
 from ddp_lab.plots.collectives import collective_picture, results_picture, timing_bars
 from ddp_lab.plots.ddp_costs import accumulation_bars, hook_curves, memory_bars, option_bars
+from ddp_lab.plots.failures import recovery_losses, step_times
 from ddp_lab.plots.inside_ddp import bucket_map, overlap_timeline, sweep_curve
 from ddp_lab.plots.launch import launch_latency
 from ddp_lab.plots.timeline import rank_timeline
+from ddp_lab.plots.torchrun import elastic_timeline
 from ddp_lab.plots.training import digit_samples, loss_curves, scaling
 
 __all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results_picture",
@@ -25,7 +27,7 @@ __all__ = ["launch_latency", "latency_bandwidth", "collective_picture", "results
            "threads_effect", "digit_samples", "loss_curves", "scaling", "anatomy_picture",
            "dropout_masks", "epoch_orders", "equivalence_plot", "resume_plot", "shard_coverage", "bucket_map",
            "sweep_curve", "overlap_timeline", "hook_curves", "accumulation_bars", "memory_bars",
-           "option_bars"]
+           "option_bars", "elastic_timeline", "recovery_losses", "step_times"]
 
 
 def _show_figures_in_notebooks() -> None:

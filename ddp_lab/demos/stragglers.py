@@ -1,0 +1,57 @@
+"""Notebook 08, part 2: one slow rank, and the process group's timeout (seed 002).
+
+DDP's all-reduce in ``backward()`` is a synchronization point: every rank leaves it when
+the slowest one has arrived, so one straggler sets the pace of the whole job. The fast ranks
+wait inside the collective, and a wait longer than ``init_process_group(timeout=...)`` ends
+the job. The ranks run ``scripts/straggler.py`` because each must create its own process
+group with the timeout under test (``ddp_lab.run`` would have initialized one already).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddp_lab.scripts import script_path
+
+SCRIPT = script_path("straggler.py")
+
+
+def straggler_args(*, delay: float, steps: int, pg_timeout: float = 60.0,
+                   slow_rank: int = -1) -> list[str]:
+    """Command-line arguments for ``straggler.py`` (also valid under torchrun)."""
+    return ["--delay", str(delay), "--steps", str(steps), "--pg-timeout", str(pg_timeout),
+            "--slow-rank", str(slow_rank)]
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Per-rank step times of one run: ``step[r][i]`` seconds for rank r's step i, of which
+    ``before_backward[r][i]`` came before ``backward()`` (the rest is the all-reduce)."""
+
+    step: list[list[float]]
+    before_backward: list[list[float]]
+    slow_rank: int
+    delay: float
+
+    @classmethod
+    def from_values(cls, values: list[dict], delay: float) -> "StepTimes":
+        slow = next(v["rank"] for v in values if v["slow"])
+        return cls([v["step"] for v in values], [v["before_backward"] for v in values],
+                   slow, delay)
+
+    def mean_ms(self, which: str = "step") -> list[float]:
+        """Mean per rank in ms, leaving out step 0 (DDP's first step builds its buckets)."""
+        rows = getattr(self, which)
+        return [1e3 * sum(r[1:]) / max(1, len(r) - 1) for r in rows]
+
+    def waiting_ms(self) -> list[float]:
+        """Mean time per step each rank spent in ``backward()``: mostly waiting."""
+        return [s - b for s, b in zip(self.mean_ms("step"), self.mean_ms("before_backward"))]
+
+
+def measure(world_size: int = 3, delay: float = 0.05, steps: int = 8, **run_kwargs) -> StepTimes:
+    """Run the straggler script once and collect every rank's step times."""
+    import ddp_lab
+    res = ddp_lab.run_script(SCRIPT, world_size, script_args=straggler_args(
+        delay=delay, steps=steps), **{"timeout": 60.0, **run_kwargs})
+    return StepTimes.from_values(res.values, delay)

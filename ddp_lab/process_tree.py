@@ -1,0 +1,59 @@
+"""Stopping processes we did not start directly: torchrun's workers and what runs in a
+network namespace.
+
+torchrun starts every worker in a session of its own, so killing the agent's process group
+misses them, and once the agent is dead they are orphans nobody can list as its children.
+Hence: freeze the agent first (SIGSTOP: it cannot start a replacement), list its
+descendants, kill them group by group, then kill the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def kill_tree(root_pid: int) -> None:
+    """SIGKILL ``root_pid`` and everything below it, and wait until they are gone."""
+    import psutil
+    send(root_pid, signal.SIGSTOP)
+    try:
+        descendants = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    for process in descendants:
+        send(process.pid, signal.SIGKILL, group=True)
+        send(process.pid, signal.SIGKILL)
+    send(root_pid, signal.SIGKILL, group=True)
+    send(root_pid, signal.SIGKILL)
+    wait_gone([p.pid for p in descendants])
+
+
+def send(pid: int, sig: int, group: bool = False) -> None:
+    """Send a signal to a process (or its process group), if it still exists."""
+    try:
+        os.killpg(os.getpgid(pid), sig) if group else os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
+    """Wait until the processes exited (a zombie counts as exited: its parent reaps it,
+    and waiting for that here would steal its exit status); returns those still alive."""
+    deadline = time.monotonic() + seconds
+    alive = list(pids)
+    while alive:
+        alive = [pid for pid in alive if _running(pid)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return alive
+
+
+def _running(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
