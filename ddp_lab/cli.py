@@ -115,9 +115,9 @@ def _add_bench(sub) -> None:
     allreduce.set_defaults(handler=_cmd_bench_allreduce)
     ddp = which.add_parser("ddp", help="weak scaling of a compute-bound DDP step, 1 -> 2 ranks")
     ddp.add_argument("-n", "--world-sizes", type=int, nargs="+", default=[1, 2])
-    ddp.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    ddp.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     ddp.add_argument("--steps", type=int, default=20, help="timed steps per run")
-    ddp.add_argument("--repeats", type=int, default=3, help="alternating runs per world size")
+    ddp.add_argument("--repeats", type=int, default=5, help="alternating runs per world size")
     ddp.set_defaults(handler=_cmd_bench_ddp)
     from ddp_lab import bench_buckets  # argument definitions only: no torch import
     buckets = which.add_parser("buckets", help="DDP step time against bucket_cap_mb, "

@@ -30,10 +30,12 @@ from ddp_lab import channel
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
            "cloudpickle", "numpy", "ddp_lab.worker")
 # DDP's constructor imports torch._dynamo (~1-3 s per rank). Importing it before the first
-# run would delay every cold start by that much; importing it once the first ranks are
-# forked and the server is idle makes every later DDP run start in a fraction of a second.
+# run would delay every cold start by that much, and importing it while ranks run would
+# delay their exit reports; importing it once the first run is over and the server has sat
+# idle a moment (a notebook between two cells) makes every later DDP run start in a
+# fraction of a second.
 DEFERRED = ("torch._dynamo",)
-IDLE_SECONDS = 0.05
+IDLE_SECONDS = 0.5
 
 
 def preload() -> None:
@@ -58,7 +60,8 @@ class Server:
         selector.register(self.sock, selectors.EVENT_READ, self._on_message)
         selector.register(self.wake_r, selectors.EVENT_READ, self._on_sigchld)
         while True:
-            events = selector.select(IDLE_SECONDS if self.deferred else None)
+            idle = self.deferred and not self.children
+            events = selector.select(IDLE_SECONDS if idle else None)
             if not events and self.deferred:
                 importlib.import_module(self.deferred.pop(0))
             for key, _ in events:
