@@ -22,19 +22,22 @@ def check_world_size(world_size) -> int:
 
 
 def check_backend(backend) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: use 'gloo' (CPU, works everywhere), "
-                         "'nccl' (one GPU per rank) or 'auto' (nccl when there are enough "
-                         "GPUs, else gloo)")
-    return backend
+    return _check_choice("backend", backend, BACKENDS,
+                         "'gloo' (CPU, works everywhere), 'nccl' (one GPU per rank) or 'auto' "
+                         "(nccl when there are enough GPUs, else gloo)")
 
 
 def check_launcher(launcher) -> str:
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"unknown launcher {launcher!r}: use 'ddp_lab' (the default: ranks "
-                         "forked from a warm fork server, fast) or 'torchrun' (torch's own "
-                         "elastic agent, as `torchrun --standalone` starts them)")
-    return launcher
+    return _check_choice("launcher", launcher, LAUNCHERS,
+                         "'ddp_lab' (the default: ranks forked from a warm fork server, fast) "
+                         "or 'torchrun' (torch's own elastic agent, as `torchrun --standalone` "
+                         "starts them)")
+
+
+def _check_choice(what: str, value, choices: tuple, advice: str):
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}: use {advice}")
+    return value
 
 
 def check_timeout(timeout) -> float:

@@ -16,18 +16,25 @@ import time
 
 def kill_tree(root_pid: int) -> None:
     """SIGKILL ``root_pid`` and everything below it, and wait until they are gone."""
-    import psutil
     send(root_pid, signal.SIGSTOP)
+    kill_all([*descendants(root_pid), root_pid])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` now (children, theirs, ...); [] when it is gone."""
+    import psutil
     try:
-        descendants = psutil.Process(root_pid).children(recursive=True)
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
-        descendants = []
-    for process in descendants:
-        send(process.pid, signal.SIGKILL, group=True)
-        send(process.pid, signal.SIGKILL)
-    send(root_pid, signal.SIGKILL, group=True)
-    send(root_pid, signal.SIGKILL)
-    wait_gone([p.pid for p in descendants])
+        return []
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each process and its process group, then wait until they are gone."""
+    for pid in pids:
+        send(pid, signal.SIGKILL, group=True)
+        send(pid, signal.SIGKILL)
+    wait_gone(pids)
 
 
 def send(pid: int, sig: int, group: bool = False) -> None:

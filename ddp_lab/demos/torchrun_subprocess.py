@@ -17,6 +17,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from ddp_lab.process_tree import descendants, kill_all, send
+
 STOP_GRACE_S = 5.0  # how long the agent gets to stop its workers after SIGTERM
 
 
@@ -90,33 +92,16 @@ def stop_tree(agent: subprocess.Popen) -> tuple[int, ...]:
     """Stop the agent and every process it started, however deep, then reap the agent.
     Returns the pids that were still alive (none after a normal end: the agent reaps its
     workers itself)."""
-    import psutil
     alive = agent.poll() is None
-    try:
-        tree = psutil.Process(agent.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
+    tree = descendants(agent.pid)  # listed first: once the agent dies they are orphans
     if not alive and not tree:
         return ()
     if alive:
-        _signal_group(agent.pid, signal.SIGTERM)
+        send(agent.pid, signal.SIGTERM, group=True)
         try:
             agent.wait(STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-    _signal_group(agent.pid, signal.SIGKILL)
-    for process in tree:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=STOP_GRACE_S)
+    kill_all([*tree, agent.pid])
     agent.wait()
-    return ((agent.pid,) if alive else ()) + tuple(p.pid for p in tree)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return ((agent.pid,) if alive else ()) + tuple(tree)
