@@ -50,10 +50,12 @@ def main(argv=None) -> None:
     dist.init_process_group(backend, init_method="env://")
     print(f"Initialized process group with rank {dist.get_rank()}.", flush=True)
     print(f"Running on rank {dist.get_rank()}. (local device: {rank_device()})", flush=True)
-    try:
-        ddp_lab.report(train(config))
-    finally:
-        dist.destroy_process_group()
+    ddp_lab.report(train(config))
+    # Everyone finishes before anyone tears down: a rank that destroys its group while a
+    # peer on another node still uses the connections can die in gloo with
+    # "terminate called without an active exception" (seen across two namespaces).
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
