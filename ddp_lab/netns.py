@@ -119,11 +119,16 @@ def destroy(hosts: Sequence[Host]) -> None:
     for host in hosts:
         _attempt(kill_processes_in, host.netns)
     for host in hosts:
-        _attempt(_ip, "netns", "delete", host.netns, check=False)
+        _delete(host.netns)
         # a veth that never reached its namespace is still on the machine
         _attempt(_ip, "link", "delete", host.interface, check=False)
-        shutil.rmtree(NETNS_ETC / host.netns, ignore_errors=True)
     _attempt(NETNS_ETC.rmdir)  # only if empty: another cluster may be using it
+
+
+def _delete(netns: str) -> None:
+    """Delete the namespace (and with it its end of the veth) and its /etc/netns folder."""
+    _attempt(_ip, "netns", "delete", netns, check=False)
+    shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
 
 
 def _attempt(step, *args, **kwargs) -> None:
@@ -176,12 +181,12 @@ def list_namespaces() -> list[str]:
 def remove_orphans() -> list[str]:
     """Remove ddp_lab namespaces whose creating process is gone (it was killed before
     its cleanup could run); returns their names."""
-    orphans = [name for name in list_namespaces() if _creator(name) is not None
-               and not _pid_alive(_creator(name))]
+    import psutil
+    orphans = [name for name in list_namespaces()
+               if (pid := _creator(name)) is not None and not psutil.pid_exists(pid)]
     for name in orphans:
         kill_processes_in(name)
-        _ip("netns", "delete", name, check=False)
-        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+        _delete(name)
     return orphans
 
 
@@ -196,13 +201,3 @@ def _creator(name: str) -> int | None:
     """The pid in a ddp_lab namespace name (``ddp_lab-PID-TAG-nodeN``), else None."""
     pid = name[len(NAME_PREFIX):].split("-")[0] if name.startswith(NAME_PREFIX) else ""
     return int(pid) if pid.isdigit() else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

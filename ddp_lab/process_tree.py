@@ -38,9 +38,14 @@ def kill_all(pids: list[int]) -> None:
 
 
 def send(pid: int, sig: int, group: bool = False) -> None:
-    """Send a signal to a process (or its process group), if it still exists."""
+    """Send a signal to a process (or its process group), if it still exists. A process
+    started without a session of its own shares our group: then only the process gets it,
+    never this one."""
     try:
-        os.killpg(os.getpgid(pid), sig) if group else os.kill(pid, sig)
+        if group and os.getpgid(pid) != os.getpgrp():
+            os.killpg(os.getpgid(pid), sig)
+        else:
+            os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

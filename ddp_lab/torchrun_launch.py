@@ -47,6 +47,12 @@ STOPPED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL)  # how torchrun stops a wo
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
+def package_pythonpath(env: dict[str, str]) -> str:
+    """``env``'s PYTHONPATH with this ddp_lab's folder first: the agent and its workers
+    import this very copy, installed or not."""
+    return os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
+
+
 def run_with_torchrun(config: LaunchConfig) -> RunResult:
     """What ``run_script(..., launcher="torchrun")`` does once its input is checked."""
     __tracebackhide__ = True
@@ -71,8 +77,7 @@ def agent_env(config: LaunchConfig, run_dir: str) -> dict[str, str]:
     env.update(config.env)
     env.update({RUN_DIR_VAR: run_dir, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": PREFIX_TEMPLATE,
-                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT,
-                                                            env.get("PYTHONPATH")]))})
+                "PYTHONPATH": package_pythonpath(env)})
     return env
 
 

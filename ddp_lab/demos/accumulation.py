@@ -20,8 +20,9 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.demos.inside_ddp import (BucketRecorder, MLPConfig, flat_parameters, make_mlp,
-                                      rank_slice, regression_data)
+from ddp_lab.demos.ddp_basics import flat_params
+from ddp_lab.demos.inside_ddp import (BucketRecorder, MLPConfig, make_mlp, rank_slice,
+                                      regression_data)
 
 ACCUMULATION_MODEL = MLPConfig(inputs=32, width=128, depth=3, outputs=4)
 LR = 0.1
@@ -47,7 +48,7 @@ def accumulate(accumulation: int = 4, micro_batch: int = 8, steps: int = 3,
                 (F.mse_loss(ddp(xm), ym) / accumulation).backward()
         optimizer.step()
         optimizer.zero_grad()
-    return {"weights": flat_parameters(model),
+    return {"weights": flat_params(model),
             "all_reduces": recorder.per_iteration(iterations=steps),
             "bytes": recorder.per_iteration("bytes", iterations=steps)}
 
@@ -71,7 +72,7 @@ def large_batch_reference(world_size: int, accumulation: int = 4, micro_batch: i
         F.mse_loss(model(x[rows]), y[rows]).backward()
         optimizer.step()
         optimizer.zero_grad()
-    return flat_parameters(model)
+    return flat_params(model)
 
 
 def accumulation_counts(accumulation: int = 4) -> dict:

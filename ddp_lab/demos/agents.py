@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ddp_lab.netns import Host
 from ddp_lab.process_tree import kill_tree
-from ddp_lab.torchrun_launch import PACKAGE_ROOT
+from ddp_lab.torchrun_launch import package_pythonpath
 from ddp_lab.worker import RUN_DIR_VAR
 
 # Not echoed (kept in the outputs): C++ stack frames under a torch warning, and a warning
@@ -133,22 +133,24 @@ class _Runner:
             for key, _ in self.selector.select(min(0.25, deadline - time.monotonic())):
                 self._read(key.data)
             self._start_due()
-            if grace is not None and self.failed_at is not None:
-                deadline = min(deadline, self.failed_at + grace)
+            if grace is not None and self._note_failure() is not None:
+                deadline = min(deadline, self.first_failure + grace)
         self.seconds = time.monotonic() - started
 
-    @property
-    def failed_at(self) -> float | None:
-        """When the first agent was seen to have failed (its output ended, exit code != 0)."""
-        for process in self.processes:
-            if process is not None and process.poll() not in (None, 0):
-                self.first_failure = self.first_failure or time.monotonic()
+    def _note_failure(self) -> float | None:
+        """When an agent was first seen to have failed (exited with a code other than 0)."""
+        if self.first_failure is None and any(
+                p is not None and p.poll() not in (None, 0) for p in self.processes):
+            self.first_failure = time.monotonic()
         return self.first_failure
 
     def _start_due(self) -> None:
+        waiting = [i for i, process in enumerate(self.processes) if process is None]
+        if not waiting:  # the usual case, on every pass of the read loop
+            return
         text = "\n".join(line for lines in self.outputs for line in lines)
-        for i, agent in enumerate(self.agents):
-            if self.processes[i] is None and (agent.start_when or "") in text:
+        for i in waiting:
+            if (self.agents[i].start_when or "") in text:
                 self._start(i)
 
     def _start(self, i: int) -> None:
@@ -156,8 +158,7 @@ class _Runner:
         log_dir = os.path.join(self.run_dir, "logs", self.labels[i])
         argv = [sys.executable, "-m", agent.module, f"--log-dir={log_dir}", *agent.args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", RUN_DIR_VAR: self.run_dir,
-               "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT,
-                                                           os.environ.get("PYTHONPATH")])),
+               "PYTHONPATH": package_pythonpath(os.environ),
                **agent.env}
         process = subprocess.Popen(agent.host.command(argv), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -182,19 +183,16 @@ class _Runner:
             if self.echo and not _NOT_ECHOED.match(line):
                 print(f"[{self.labels[i]}] {line}", flush=True)
 
-    def returncodes(self) -> list[int | None]:
-        return [p.poll() if p is not None else None for p in self._wait_exits()]
-
-    def _wait_exits(self, seconds: float = 5.0) -> list:
-        """Agents whose output ended exit right after; give them a moment."""
-        until = time.monotonic() + seconds
-        for process in self.processes:
-            if process is not None and not self.selector.get_map():
+    def returncodes(self, seconds: float = 5.0) -> list[int | None]:
+        """Once every output ended, the agents exit right after: give them a moment."""
+        if not self.selector.get_map():
+            until = time.monotonic() + seconds
+            for process in filter(None, self.processes):
                 try:
                     process.wait(timeout=max(0.0, until - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
-        return self.processes
+        return [p.poll() if p is not None else None for p in self.processes]
 
     def stop(self) -> None:
         for process in self.processes:

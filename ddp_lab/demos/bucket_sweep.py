@@ -3,8 +3,9 @@
 Li et al. (VLDB 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel
 Training") measured DDP's iteration time against bucket size: tiny buckets pay a
 collective's fixed cost once per bucket, one giant bucket cannot start before backward
-ends, so nothing overlaps; the best lies in between. Here the same sweep on CPU/gloo, with three references: backward alone (no communication), one
-all-reduce of all the gradients alone, and all-reduce after backward (no overlap).
+ends, so nothing overlaps; the best lies in between. Here the same sweep on CPU/gloo,
+with three references: backward alone (no communication), one all-reduce of all the
+gradients alone, and all-reduce after backward (no overlap).
 
 Timing: warm-up steps first (they also rebuild the buckets), a barrier before each timed
 step, the slowest rank's time per step, the median over steps. Configurations take turns

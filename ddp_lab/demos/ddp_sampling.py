@@ -15,9 +15,9 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from ddp_lab.training import rank_device
+from ddp_lab.training import evaluate, rank_device
 
 EVAL_WAYS = ("padded", "drop_last", "unpadded")
 EXAMPLE_CORRECT = (True, True, False, True, False, True, True, False, False, False)  # 50%
@@ -155,12 +155,10 @@ def _sharding_problem(seen: list[int], n: int, world: int) -> str | None:
     return None
 
 
-def strided_accuracy(model: nn.Module, dataset, batch_size: int = 4) -> float:
-    """A correct global accuracy (the exercise's reference): unpadded strided shard,
-    counts summed across ranks."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    shard = Subset(dataset, range(rank, len(dataset), world))
-    return _all_reduced_accuracy(model, DataLoader(shard, batch_size=batch_size))
+def strided_accuracy(model: nn.Module, dataset) -> float:
+    """A correct global accuracy (the exercise's reference): ``ddp_lab.training.evaluate``,
+    an unpadded strided shard with counts summed across ranks, as a fraction."""
+    return evaluate(model, dataset, torch.device("cpu")) / 100
 
 
 def padded_accuracy(model: nn.Module, dataset, batch_size: int = 4) -> float:

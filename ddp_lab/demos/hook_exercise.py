@@ -12,14 +12,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_lab.demos.ddp_basics import flat_grads
 from ddp_lab.demos.inside_ddp import MLPConfig, make_mlp
 
 EXERCISE_MODEL = MLPConfig(inputs=16, width=64, depth=3, outputs=2)
 SMALL_BUCKETS_MB = 0.01  # several buckets per iteration once they are rebuilt
-
-
-def _flat_grads(model) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
 
 
 def hook_versus_default(hook, iterations: int = 3) -> dict:
@@ -38,8 +35,8 @@ def hook_versus_default(hook, iterations: int = 3) -> dict:
         for model in (theirs, ours, local):
             model.zero_grad()
             model(x).square().mean().backward()
-        grads.append({"theirs": _flat_grads(theirs), "ours": _flat_grads(ours),
-                      "local": _flat_grads(local)})
+        grads.append({"theirs": flat_grads(theirs), "ours": flat_grads(ours),
+                      "local": flat_grads(local)})
     return {"grads": grads, "bytes": state["bytes"],
             "expected_bytes": iterations * EXERCISE_MODEL.parameters * 4}
 

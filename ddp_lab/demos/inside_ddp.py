@@ -114,8 +114,3 @@ def record_and_all_reduce(recorder: BucketRecorder, bucket):
         return fut.value()
 
     return default_hooks.allreduce_hook(None, bucket).then(mark_done)
-
-
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    """All parameters in one 1-D CPU tensor: the thing ranks must agree on."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()

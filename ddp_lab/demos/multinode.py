@@ -9,7 +9,6 @@ cannot be shown.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 
 from ddp_lab import netns
 from ddp_lab.demos.agents import Agent, AgentsResult, run_agents
+from ddp_lab.demos.stores import free_loopback_port
 from ddp_lab.netns import Host
 from ddp_lab.process_tree import kill_tree
 
@@ -65,7 +65,7 @@ def local_cluster() -> Iterator[Cluster]:
         with netns.two_hosts() as hosts:
             yield Cluster(hosts, RDZV_PORT)
     else:
-        yield Cluster(netns.loopback_hosts(), _free_port(), skipped=reason)
+        yield Cluster(netns.loopback_hosts(), free_loopback_port(), skipped=reason)
 
 
 def cluster_agents(cluster: Cluster, target: list[str], fixes: Fixes = Fixes(), *,
@@ -159,12 +159,6 @@ def _connect_line(host: Host, target: str, port: int) -> str:
 
 def _port_check(*args: str) -> list[str]:
     return [sys.executable, "-m", "ddp_lab.scripts.port_check", *args]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the real work across both hosts ------------------------------------------------------

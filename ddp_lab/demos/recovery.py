@@ -50,10 +50,11 @@ def uninterrupted(checkpoint: str | Path, **run_kwargs):
 def final_weights(checkpoint: str | Path) -> torch.Tensor:
     """The model in a checkpoint, flattened in ``model.parameters()`` order (the layout of
     train's ``final_weights``)."""
+    from ddp_lab.demos.ddp_basics import flat_params
     from ddp_lab.models import DigitsCNN
     model = DigitsCNN()
     model.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
+    return flat_params(model)
 
 
 def epoch_losses_by_attempt(output: str) -> dict[int, dict[int, float]]:

@@ -136,5 +136,7 @@ def _signal_handlers_kept():
             current = signal.getsignal(getattr(signal, name))
             left[name] = getattr(current, "__name__", str(current))
             signal.signal(getattr(signal, name), handler)
-        if saved_env is None:
+        if saved_env is None:  # elastic_launch sets it whatever it was
             os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env

@@ -20,6 +20,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from ddp_lab.demos.ddp_basics import flat_params
 from ddp_lab.models import ToyModel
 
 DATASET_SIZE = 25
@@ -54,11 +55,6 @@ def batches_per_rank(how: str, world_size: int) -> list[int]:
     """Steps each rank will take: what decides whether DDP can hang (no process needed)."""
     return [len(DataLoader(shard_indices(how, r, world_size), batch_size=BATCH_SIZE))
             for r in range(world_size)]
-
-
-def flat_weights(model: torch.nn.Module) -> torch.Tensor:
-    """Every parameter in one 1-D tensor: one comparison checks the whole model."""
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def _my_loader(how: str) -> DataLoader:
@@ -108,7 +104,7 @@ def train(how: str = "strided", use_join: bool = False, load_s: float = 0.0) -> 
     # leaving Join's block waits until every rank ran out: until then this rank shadows
     # the all-reduces of the ranks still training (with zero gradients)
     spans.append(("joined: shadowing the others' all-reduces", ran_out, time.time()))
-    return {"batches": len(loader), "weights": flat_weights(ddp_model), "spans": spans}
+    return {"batches": len(loader), "weights": flat_params(ddp_model), "spans": spans}
 
 
 def replay(how: str = "strided", world_size: int = 3) -> torch.Tensor:
@@ -132,7 +128,7 @@ def replay(how: str = "strided", world_size: int = 3) -> torch.Tensor:
                 x, target = data[batch]
                 (F.mse_loss(model(x), target) / world_size).backward()
         optimizer.step()
-    return flat_weights(model)
+    return flat_params(model)
 
 
 # -- the exercise: stop together ------------------------------------------------------------
@@ -152,7 +148,7 @@ def _run_exercise(fn, counts: list[int]) -> torch.Tensor:
     ddp_model = DDP(ToyModel())
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
     fn(ddp_model, optimizer, uneven_batches(rank, counts[rank]))
-    return flat_weights(ddp_model)
+    return flat_params(ddp_model)
 
 
 def stop_together_reference(counts: list[int]) -> torch.Tensor:
@@ -167,7 +163,7 @@ def stop_together_reference(counts: list[int]) -> torch.Tensor:
         loss = sum(F.mse_loss(model(b[step][0]), b[step][1]) for b in per_rank) / len(counts)
         loss.backward()
         optimizer.step()
-    return flat_weights(model)
+    return flat_params(model)
 
 
 def check_stop_together(fn, world_sizes=(2, 3, 4), timeout: float = 15.0) -> str:

@@ -8,6 +8,7 @@ import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
+from ddp_lab.demos.ddp_sampling import coverage
 from ddp_lab.plots.timeline import PALETTE
 
 FLOAT32_ATOL = 1e-5  # torch.testing.assert_close's absolute tolerance for float32
@@ -108,13 +109,11 @@ def shard_coverage(panels: list[tuple[str, list[list[int]]]], n: int) -> Figure:
 
 
 def _draw_shards(ax, shards: list[list[int]], n: int) -> None:
-    counts = [0] * n
     for rank, indices in enumerate(shards):
         for i in indices:
-            counts[i] += 1
             ax.add_patch(_cell(i, rank, PALETTE[rank % len(PALETTE)]))
     bottom = len(shards)
-    for i, count in enumerate(counts):
+    for i, count in enumerate(coverage(shards, n)):
         ax.text(i + 0.5, bottom + 0.5, str(count), ha="center", va="center", fontsize=9,
                 color="#c00000" if count != 1 else "black",
                 fontweight="bold" if count != 1 else "normal")
