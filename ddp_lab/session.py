@@ -253,12 +253,17 @@ def _loopback_store(world_size: int):
     return store, port
 
 
+def loopback_env(config: LaunchConfig) -> dict[str, str]:
+    """This process's environment with gloo and NCCL kept off the network (one machine),
+    then the caller's ``env=``, which may override both."""
+    loopback = loopback_interface()
+    return {**os.environ, "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback,
+            **config.env}
+
+
 def run_env(config: LaunchConfig, port: int, run_dir: str) -> dict[str, str]:
     """The environment torchrun would give every rank, plus loopback-only networking."""
-    env = dict(os.environ)
-    loopback = loopback_interface()
-    env.update({"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback})
-    env.update(config.env)
+    env = loopback_env(config)
     n = config.world_size
     env.update({
         "GROUP_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),

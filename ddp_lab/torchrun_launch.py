@@ -37,7 +37,7 @@ from ddp_lab.errors import DistributedRunError
 from ddp_lab.outcome import RunResult, conclude
 from ddp_lab.process_tree import kill_tree, send, wait_gone
 from ddp_lab.ranks import RankState
-from ddp_lab.session import LaunchConfig, loopback_interface, threads_per_rank
+from ddp_lab.session import LaunchConfig, loopback_env, threads_per_rank
 from ddp_lab.torchrun_agent import FAILURES_FILE
 from ddp_lab.torchrun_output import PREFIX_TEMPLATE, TeeDemux, error_record
 from ddp_lab.worker import RUN_DIR_VAR, RunFiles, _write
@@ -70,11 +70,9 @@ def torchrun_args(config: LaunchConfig, log_dir: str) -> list[str]:
 
 def agent_env(config: LaunchConfig, run_dir: str) -> dict[str, str]:
     """The agent's environment, which torchrun passes on to every worker."""
-    env = dict(os.environ)
-    loopback = loopback_interface()  # one machine: keep gloo/NCCL off the network
-    env.update({"GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback,
-                "OMP_NUM_THREADS": str(threads_per_rank(config.world_size))})
-    env.update(config.env)
+    env = loopback_env(config)
+    if "OMP_NUM_THREADS" not in config.env:  # the caller's env= may set it
+        env["OMP_NUM_THREADS"] = str(threads_per_rank(config.world_size))
     env.update({RUN_DIR_VAR: run_dir, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": PREFIX_TEMPLATE,
                 "PYTHONPATH": package_pythonpath(env)})
