@@ -107,11 +107,14 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> Elas
     ``fn`` travels to the workers by reference (multiprocessing's spawn), so it must live
     in an importable module, as with ``mp.spawn``. The agent installs its own handlers
     for SIGINT/SIGTERM/SIGHUP/SIGQUIT in the calling process and leaves them there, so
-    we restore the kernel's (else the stop button raises torch's SignalException)."""
+    we restore the kernel's (else the stop button raises torch's SignalException). The
+    restart needs torch 2.13's shared rendezvous store turned off (pytorch/pytorch#135712:
+    restarted workers can read the previous attempt's gloo addresses), as notebook 08 does."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
-            _signal_handlers_kept() as left:
+            _signal_handlers_kept() as left, \
+            _env_set(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"):
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
             rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
@@ -119,6 +122,21 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> Elas
             logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL))
         values = elastic_launch(config, fn)(*args)
     return ElasticLaunch(dict(sorted(values.items())), left["SIGINT"])
+
+
+@contextlib.contextmanager
+def _env_set(**variables: str):
+    """Set environment variables in this process (the agent reads them) until the block ends."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager
