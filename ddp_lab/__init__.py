@@ -5,13 +5,13 @@
     res.values, res.logs, res.seconds
 """
 
-from ddp_lab.errors import DistributedRunError, WorkerError, WorkerTimeout
-from ddp_lab.launch import run, run_script
-from ddp_lab.magic import load_ipython_extension
-from ddp_lab.outcome import RunResult
-from ddp_lab.progress import progress
-from ddp_lab.spawner import shutdown
-from ddp_lab.worker import report
+from ddp_lab.launch.errors import DistributedRunError, WorkerError, WorkerTimeout
+from ddp_lab.launch.api import run, run_script
+from ddp_lab.launch.magic import load_ipython_extension
+from ddp_lab.launch.outcome import RunResult
+from ddp_lab.launch.progress import progress
+from ddp_lab.launch.spawner import shutdown
+from ddp_lab.launch.worker import report
 
 __all__ = ["run", "run_script", "report", "RunResult", "DistributedRunError", "WorkerError",
            "WorkerTimeout", "shutdown", "progress", "load_ipython_extension"]

@@ -2,7 +2,7 @@
 
 import sys
 
-from ddp_lab.cli import main
+from ddp_lab.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

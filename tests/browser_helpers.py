@@ -1,6 +1,6 @@
-"""A real JupyterLab server and the clicks a learner makes in it, for tests/test_browser.py.
+"""A real JupyterLab server and the clicks a learner makes in it, for tests/notebooks/test_browser.py.
 
-Why a browser at all: nbclient (tests/test_notebooks.py) proves the notebooks run in a
+Why a browser at all: nbclient (tests/notebooks/test_notebooks.py) proves the notebooks run in a
 kernel, but not that they work where the course is read: JupyterLab's Run menu, its
 stop button, its live output area and its image renderer. These helpers drive Debian's
 Chromium through Playwright; the selectors are JupyterLab 4's command ids
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from ddp_lab.notebook_runner import kernel_env
+from ddp_lab.tools.notebook_runner import kernel_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")

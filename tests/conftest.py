@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from ddp_lab.spawner import fork_server_pid
+from ddp_lab.launch.spawner import fork_server_pid
 
 
 def leftover_processes() -> list[psutil.Process]:
@@ -31,7 +31,7 @@ def _is_kept_kernel(process: psutil.Process) -> bool:
         if "ipykernel_launcher" in process.cmdline():
             return True
         parent = process.parent()
-        return "ddp_lab.zygote" in process.cmdline() and "ipykernel_launcher" in parent.cmdline()
+        return "ddp_lab.launch.zygote" in process.cmdline() and "ipykernel_launcher" in parent.cmdline()
     except psutil.Error:
         return False
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from ddp_lab.notebook_runner import kernel_env
+from ddp_lab.tools.notebook_runner import kernel_env
 
 
 def start_kernel(cwd: Path):

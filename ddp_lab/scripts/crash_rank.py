@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.models import ToyModel
+from ddp_lab.course.models import ToyModel
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_lab
-from ddp_lab.models import ToyModel
+from ddp_lab.course.models import ToyModel
 
 
 def parse_args(argv=None) -> argparse.Namespace:

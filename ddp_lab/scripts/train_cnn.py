@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 import ddp_lab
-from ddp_lab.data import load_dataset
-from ddp_lab.training import TrainConfig, rank_device, train
+from ddp_lab.course.data import load_dataset
+from ddp_lab.course.training import TrainConfig, rank_device, train
 
 DEFAULTS = TrainConfig()
 

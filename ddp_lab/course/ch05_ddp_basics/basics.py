@@ -1,0 +1,199 @@
+"""Notebook 05, part 1: what DistributedDataParallel does around one training step.
+
+The seed's ToyModel (seeds 002 and 004) wrapped in DDP. The constructor broadcasts rank 0's
+parameters and buffers, every forward broadcasts the buffers again, and backward averages
+the gradients with all_reduce while it runs: three synchronization points that every rank
+must reach, in the same order. The GPU path (device from LOCAL_RANK, ``set_device`` before
+the model exists, ``device_ids=[local_rank]``) is taken whenever the group runs NCCL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.course.models import ToyModel, ToyMpModel
+from ddp_lab.course.params import device_ids, flat_grads, flat_params
+from ddp_lab.course.training import rank_device
+
+SYNC_POINTS = ("construct", "forward", "backward")
+
+
+def seed_basic_example() -> float:
+    """The seed's ``demo_basic``: one SGD step of ToyModel on random data (seeds 002, 004)."""
+    rank = dist.get_rank()
+    print(f"Running basic DDP example on rank {rank}.")
+    device = rank_device()  # on GPUs: set_device(LOCAL_RANK) before any CUDA allocation
+    torch.manual_seed(0)  # seed 004: the same initial model on every rank
+    model = ToyModel().to(device)
+    ddp_model = DDP(model, device_ids=device_ids(device))
+    torch.manual_seed(1 + rank)  # but each rank its own random data
+    loss_fn = nn.MSELoss()
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.001)
+
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10, device=device))
+    labels = torch.randn(20, 5, device=device)
+    loss = loss_fn(outputs, labels)
+    loss.backward()
+    optimizer.step()
+    print(f"Loss on rank {rank}: {loss}")
+    return loss.item()
+
+
+def anatomy_of_a_step(lr: float = 0.1) -> dict:
+    """One DDP step, recorded at every stage, with a deliberately different model per rank.
+
+    Returns this rank's parameters before and after ``DDP(...)``, its local gradient (the
+    gradient of its own shard, computed under ``no_sync`` so nothing is exchanged), the
+    gradient DDP leaves in ``.grad`` after a normal backward, and the parameters after the
+    optimizer step.
+    """
+    rank = dist.get_rank()
+    device = rank_device()
+    torch.manual_seed(rank)  # a different initial model on every rank, on purpose
+    model = ToyModel().to(device)
+    record = {"before": flat_params(model)}
+    ddp_model = DDP(model, device_ids=device_ids(device))
+    record["after"] = flat_params(model)
+    data = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of the batch
+    x, y = torch.randn(8, 10, generator=data), torch.randn(8, 5, generator=data)
+    x, y = x.to(device), y.to(device)
+    with ddp_model.no_sync():  # backward without the all_reduce: this rank's own gradient
+        nn.functional.mse_loss(ddp_model(x), y).backward()
+    record["local_grad"] = flat_grads(model)
+    model.zero_grad()
+    nn.functional.mse_loss(ddp_model(x), y).backward()  # the all_reduce runs in here
+    record["synced_grad"] = flat_grads(model)
+    torch.optim.SGD(model.parameters(), lr=lr).step()
+    record["stepped"] = flat_params(model)
+    return record
+
+
+def toy_with_buffers() -> nn.Module:
+    """ToyModel followed by BatchNorm1d: its running mean is a buffer, so DDP's forward
+    has something to broadcast (ToyModel alone has no buffers)."""
+    return nn.Sequential(ToyModel(), nn.BatchNorm1d(5))
+
+
+def buffers_in_forward(steps: int = 3) -> dict:
+    """The BatchNorm running mean on this rank as forward sees it on entry (after DDP's
+    broadcast) and as forward leaves it (updated from this rank's own batch)."""
+    rank = dist.get_rank()
+    device = rank_device()
+    torch.manual_seed(0)
+    model = toy_with_buffers().to(device)
+    ddp_model = DDP(model, device_ids=device_ids(device))
+    norm = model[1]
+    seen = {"on_entry": [], "on_exit": []}
+    norm.register_forward_pre_hook(
+        lambda module, args: seen["on_entry"].append(module.running_mean.cpu().clone()))
+    data = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        ddp_model(torch.randn(8, 10, generator=data).to(device)).sum().backward()
+        seen["on_exit"].append(norm.running_mean.cpu().clone())
+    return seen
+
+
+def buffer_facts(per_rank: list[dict]) -> list[dict]:
+    """Per forward of buffers_in_forward: were the running means identical on every rank on
+    entry, equal to rank 0's from the forward before, and identical on exit?"""
+    facts = []
+    for step in range(len(per_rank[0]["on_entry"])):
+        entry = [r["on_entry"][step] for r in per_rank]
+        exits = [r["on_exit"][step] for r in per_rank]
+        facts.append({
+            "identical on entry": all(torch.equal(e, entry[0]) for e in entry),
+            "rank 0's previous exit": step > 0 and torch.equal(
+                entry[0], per_rank[0]["on_exit"][step - 1]),
+            "identical on exit": all(torch.equal(e, exits[0]) for e in exits)})
+    return facts
+
+
+def straggle_at(where: str = "backward", hold_s: float = 3600.0) -> int:
+    """Every rank trains one step of toy_with_buffers, but the last rank never reaches the
+    synchronization point ``where`` (it sleeps there instead, standing for a slow data
+    loader, a rank-0-only evaluation, or an ``if`` only one rank takes); the others wait."""
+    if where not in SYNC_POINTS:
+        raise ValueError(f"where must be one of {SYNC_POINTS}, not {where!r}")
+    absent = dist.get_rank() == dist.get_world_size() - 1
+    device = rank_device()
+    torch.manual_seed(0)
+    model = toy_with_buffers().to(device)
+    if absent and where == "construct":
+        time.sleep(hold_s)
+    ddp_model = DDP(model, device_ids=device_ids(device))
+    if absent and where == "forward":
+        time.sleep(hold_s)
+    out = ddp_model(torch.randn(8, 10, device=device))
+    if absent and where == "backward":
+        time.sleep(hold_s)
+    out.sum().backward()
+    return dist.get_rank()
+
+
+def hang_summary(stacks: dict[int, str]) -> dict[int, str]:
+    """Per stuck rank (WorkerTimeout.stacks), the line of ``straggle_at`` it was on and the
+    innermost call it waited in, e.g. ``out.sum().backward()  ->  in _engine_run_backward``."""
+    summary = {}
+    for rank, stack in stacks.items():
+        frames = _FRAME.findall(stack)  # (function, source line), oldest call first
+        mine = [source for function, source in frames if function == "straggle_at"]
+        line = mine[-1] if mine else "?"
+        inner = frames[-1][0] if frames else "straggle_at"
+        summary[rank] = line if inner == "straggle_at" else f"{line}  ->  in {inner}"
+    return summary
+
+
+_FRAME = re.compile(r'File "[^"]*", line \d+, in (\w+)\n\s+(.*)')
+
+
+def model_parallel_devices() -> tuple:
+    """(dev0, dev1) for the seed's ToyMpModel: GPUs 2*local_rank and 2*local_rank + 1 under
+    NCCL (each process owns two GPUs), both "cpu" under gloo."""
+    if dist.get_backend() != "nccl":
+        return "cpu", "cpu"
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    dev0, dev1 = 2 * local_rank, 2 * local_rank + 1
+    if torch.cuda.device_count() <= dev1:
+        raise RuntimeError(f"rank {dist.get_rank()} needs GPUs {dev0} and {dev1} but this "
+                           f"machine has {torch.cuda.device_count()}: run with backend='gloo' "
+                           "(see model_parallel_backend) or half as many ranks")
+    torch.cuda.set_device(dev0)  # stray allocations land on this rank's own GPU, not GPU 0
+    return dev0, dev1
+
+
+def model_parallel_backend(world_size: int) -> str:
+    """NCCL only if every rank can have two GPUs; otherwise the CPU with gloo."""
+    enough = torch.cuda.is_available() and torch.cuda.device_count() >= 2 * world_size
+    return "nccl" if enough else "gloo"
+
+
+def model_parallel_step() -> dict:
+    """The seed's ``demo_model_parallel``: one replica spans two devices, so DDP gets no
+    ``device_ids`` and the module itself decides where the output lives (dev1)."""
+    rank = dist.get_rank()
+    print(f"Running DDP with model parallel example on rank {rank}.")
+    dev0, dev1 = model_parallel_devices()
+    torch.manual_seed(0)
+    mp_model = ToyMpModel(dev0, dev1)
+    ddp_mp_model = DDP(mp_model)
+    torch.manual_seed(1 + rank)
+    loss_fn = nn.MSELoss()
+    optimizer = torch.optim.SGD(ddp_mp_model.parameters(), lr=0.001)
+
+    optimizer.zero_grad()
+    outputs = ddp_mp_model(torch.randn(20, 10))  # outputs will be on dev1
+    labels = torch.randn(20, 5).to(dev1)
+    loss = loss_fn(outputs, labels)
+    loss.backward()
+    optimizer.step()
+    return {"devices": (str(mp_model.net1.weight.device), str(mp_model.net2.weight.device)),
+            "output_device": str(outputs.device), "loss": loss.item(),
+            "weights": flat_params(mp_model)}

@@ -1,0 +1,1 @@
+"""Notebook 06: the digits CNN trained with DDP, throughput against world size."""

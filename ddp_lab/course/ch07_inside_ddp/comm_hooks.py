@@ -1,0 +1,119 @@
+"""Communication hooks: what DDP sends for each bucket, replaced (notebook 07).
+
+``ddp.register_comm_hook(state, hook)`` swaps the Reducer's all-reduce for
+``hook(state, bucket)``, which must return a ``torch.futures.Future`` whose value is the
+bucket's new (averaged) content. Built in: ``default_hooks.allreduce_hook`` (what DDP does
+anyway), ``fp16_compress_hook`` (send half the bytes), ``powerSGD_hook`` (send low-rank
+factors, Vogels et al. 2019). ``int8_hook`` below is a custom one.
+
+To count what really goes over the wire, ``counting_all_reduce`` wraps
+``torch.distributed.all_reduce`` while it is active: the built-in hooks call it from
+Python, so every call they make is counted and then really run. (DDP without a hook calls
+the process group from C++, out of its sight; ``allreduce_hook`` does the same in Python.)
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp, rank_slice, regression_data
+
+HOOK_MODEL = MLPConfig(inputs=64, width=256, depth=3, outputs=8)
+
+
+@contextmanager
+def counting_all_reduce():
+    """Yield {"calls", "bytes"}: every ``dist.all_reduce`` made while active, counted."""
+    counts = {"calls": 0, "bytes": 0}
+    real = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        counts["calls"] += 1
+        counts["bytes"] += tensor.numel() * tensor.element_size()
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        yield counts
+    finally:
+        dist.all_reduce = real
+
+
+def int8_hook(process_group, bucket):
+    """A custom hook: send one byte per gradient instead of four.
+
+    The ranks first agree on a scale (an all-reduce MAX of one number), then each sends
+    its gradient rounded to an int8 grid coarse enough that the SUM of ``world`` of them
+    still fits in int8. No error feedback: what rounds away is lost."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    world, buffer = group.size(), bucket.buffer()
+    scale = buffer.abs().max().reshape(1).clamp_min(torch.finfo(buffer.dtype).tiny)
+    dist.all_reduce(scale, op=dist.ReduceOp.MAX, group=group)  # tiny, so synchronous
+    levels = 127 // world
+    quantized = (buffer / scale * levels).round_().to(torch.int8)
+    future = dist.all_reduce(quantized, group=group, async_op=True).get_future()
+
+    def decompress(fut):
+        return buffer.copy_(fut.value()[0]).mul_(scale / (levels * world))
+
+    return future.then(decompress)
+
+
+def _powersgd():
+    """Rank-1 PowerSGD after two plain iterations (it needs the rebuilt buckets first)."""
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                        start_powerSGD_iter=2, min_compression_rate=2)
+    return state, powerSGD_hook.powerSGD_hook
+
+
+HOOKS = {
+    "all-reduce (default)": lambda: (None, default_hooks.allreduce_hook),
+    "fp16 compression": lambda: (None, default_hooks.fp16_compress_hook),
+    "PowerSGD rank 1": _powersgd,
+    "int8 (custom)": lambda: (None, int8_hook),
+}
+
+
+def train_with_hook(name: str, config: MLPConfig = HOOK_MODEL, steps: int = 40,
+                    batch: int = 32, lr: float = 0.1) -> dict:
+    """On each rank: train the regression task with hook ``name``; per step the loss of
+    the global batch, and the all-reduce calls and bytes this rank sent in backward."""
+    model = make_mlp(config)
+    ddp = DDP(model)
+    ddp.register_comm_hook(*HOOKS[name]())
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+    x, y = regression_data(config, steps * batch * dist.get_world_size())
+    out = {"loss": [], "calls": [], "bytes": []}
+    for step in range(steps):
+        optimizer.zero_grad()
+        with counting_all_reduce() as counts:
+            loss = F.mse_loss(ddp(rank_slice(x, step, batch)), rank_slice(y, step, batch))
+            loss.backward()
+        optimizer.step()
+        out["loss"].append(_global_mean(loss))
+        out["calls"].append(counts["calls"])
+        out["bytes"].append(counts["bytes"])
+    return out
+
+
+def compare_hooks(names=tuple(HOOKS), steps: int = 40) -> dict:
+    """``train_with_hook`` for each hook in one launch: {name: its result}."""
+    return {name: train_with_hook(name, steps=steps) for name in names}
+
+
+def _global_mean(loss: torch.Tensor) -> float:
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def hook_summary(steps: int = 40) -> dict:
+    """``ddp-lab run comm_hooks``: per hook, bytes all-reduced per step and final loss."""
+    return {name: {"bytes_per_step": r["bytes"][-1], "final_loss": round(r["loss"][-1], 4)}
+            for name, r in compare_hooks(steps=steps).items()}

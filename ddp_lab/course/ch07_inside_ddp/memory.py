@@ -1,0 +1,123 @@
+"""The gradient buckets' memory, and ``gradient_as_bucket_view`` (notebook 07, seed 001).
+
+By default each parameter's ``.grad`` is its own tensor, and the Reducer copies it into a
+flat bucket buffer to all-reduce it (and the result back): the buckets are a second copy
+of all the gradients, one model size more memory. With ``gradient_as_bucket_view=True``
+each ``.grad`` IS a view into its bucket's buffer, so autograd writes the gradients
+straight into the buckets and the second copy disappears.
+
+Measured in a fresh rank per configuration (each ``ddp_lab.run`` starts new processes):
+the process's resident memory (RSS) once the model exists, then its peak while training.
+On Linux the peak is reset after the warm-up steps (``/proc/self/clear_refs``), so it
+shows the steady state rather than the one-off bucket rebuild after the first iteration.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import sys
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, MiB, make_mlp
+
+# 3 layers of 3072 x 3072: 28 M parameters, 108 MiB. Every layer is larger than glibc's
+# largest mmap threshold (32 MiB), so freed gradients go back to the OS and RSS shows it.
+MEMORY_MODEL = MLPConfig(inputs=3072, width=3072, depth=3, outputs=3072)
+
+
+def _rss() -> int:
+    import psutil
+    return psutil.Process().memory_info().rss
+
+
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS counter (Linux >= 4.0); False where that is impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak() -> int:
+    """Peak RSS since the last reset (VmHWM), else since the process started (ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
+    except (OSError, AttributeError):
+        scale = 1 if sys.platform == "darwin" else 1024  # macOS counts bytes, Linux KiB
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+SETUPS = {"no DDP": None, "DDP": False, "DDP, gradient_as_bucket_view": True}
+
+
+def training_memory(setup: str, config: MLPConfig = MEMORY_MODEL, warmup: int = 2,
+                    steps: int = 2, batch: int = 8) -> dict:
+    """On each (fresh) rank: MiB of parameters, and the RSS above the model's own memory at
+    its peak during ``steps`` training steps and after them. ``setup`` is a key of SETUPS:
+    the plain model (same steps, no communication), DDP, or DDP with bucket views."""
+    _train_briefly(SETUPS[setup])
+    model = make_mlp(config)
+    model_rss = _rss()
+    view = SETUPS[setup]
+    ddp = model if view is None else DDP(model, gradient_as_bucket_view=view)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+    x = torch.randn(batch, config.inputs)
+    for step in range(warmup + steps):
+        if step == warmup:
+            steady = _reset_peak()
+        ddp(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)  # keep .grad alive, as training loops do
+    return {"setup": setup, "params_mib": config.parameters * 4 / MiB,
+            "peak_mib": (_peak() - model_rss) / MiB, "after_mib": (_rss() - model_rss) / MiB,
+            "steady_peak": steady}
+
+
+def _train_briefly(view) -> None:
+    """Two steps of a tiny model first, so that the code of forward, backward, DDP and
+    the optimizer is loaded (its pages count in RSS too) before the measurement starts."""
+    model = make_mlp(MLPConfig(inputs=8, width=8, depth=2))
+    ddp = model if view is None else DDP(model, gradient_as_bucket_view=view)
+    for _ in range(2):
+        ddp(torch.randn(2, 8)).sum().backward()
+        torch.optim.SGD(ddp.parameters(), lr=0.1).step()
+
+
+def _record_buffers(buffers: list, bucket):
+    """A comm hook that keeps each bucket's buffer (address range) before all-reducing."""
+    buffer = bucket.buffer()
+    buffers.append((buffer.data_ptr(), buffer.numel() * buffer.element_size()))
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def gradient_addresses(view: bool, config: MLPConfig = MLPConfig(), iterations: int = 2) -> dict:
+    """On each rank: for every parameter, whether its ``.grad`` lies inside a bucket
+    buffer after ``iterations`` steps, and at which byte offset (None: outside)."""
+    model = make_mlp(config)
+    ddp = DDP(model, gradient_as_bucket_view=view, bucket_cap_mb=0.05)
+    buffers: list = []
+    ddp.register_comm_hook(buffers, _record_buffers)
+    for _ in range(iterations):
+        buffers.clear()
+        ddp(torch.randn(4, config.inputs)).sum().backward()
+    return {name: _offset_in(p.grad.data_ptr(), buffers) for name, p in model.named_parameters()}
+
+
+def where_gradients_live() -> dict:
+    """``gradient_addresses`` without and with bucket views, in one launch."""
+    return {view: gradient_addresses(view) for view in (False, True)}
+
+
+def _offset_in(address: int, buffers: list):
+    """(bucket number, byte offset) of an address inside one of the buffers, else None."""
+    for k, (start, size) in enumerate(buffers):
+        if start <= address < start + size:
+            return k, address - start
+    return None

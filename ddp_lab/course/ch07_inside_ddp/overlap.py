@@ -1,0 +1,153 @@
+"""Communication overlapping backward computation, made visible (notebook 07).
+
+During ``loss.backward()`` autograd computes the gradients layer by layer, last layer
+first. DDP's Reducer launches the all-reduce of a bucket (asynchronously, on the process
+group's own thread) the moment its last gradient is ready, so the network works on the
+late layers' gradients while autograd still computes the early layers'. Without DDP the
+obvious way is to wait for the whole backward, then all-reduce: nothing overlaps.
+
+``step_timeline`` records training steps both ways on every rank: per layer, when its
+backward started and ended (``LayerClock``); per bucket, when the Reducer handed
+it over and when its all-reduce completed (``BucketRecorder``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.course.ch07_inside_ddp.workload import BucketRecorder, MLPConfig, make_mlp
+
+TIMELINE_MODEL = MLPConfig(inputs=1024, width=1024, depth=6, outputs=1024)
+
+
+def all_reduce_after_backward(model: nn.Module, flat: torch.Tensor | None = None) -> torch.Tensor:
+    """No-overlap data parallelism by hand: once backward is over, average every gradient
+    across ranks with ONE all-reduce of all of them flattened. Returns the flat buffer:
+    pass it back next step to reuse it, as DDP reuses its buckets (a fresh tensor of all
+    the gradients every step costs page faults that would be blamed on the overlap)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads], out=flat)
+    dist.all_reduce(flat)
+    offset, world = 0, dist.get_world_size()
+    for g in grads:  # divide while copying back: one pass over the memory, like DDP's
+        torch.div(flat[offset:offset + g.numel()].view_as(g), world, out=g)
+        offset += g.numel()
+    return flat
+
+
+class LayerClock:
+    """Per Linear layer: when backward reached it (its output's gradient arrived) and when
+    it was done (its parameters' gradients accumulated, which happens after the layer's
+    backward node has computed both its input's and its weight's gradient)."""
+
+    def __init__(self, model: nn.Module):
+        self.spans: dict[str, list[float]] = {}
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                module.register_forward_hook(lambda _m, _i, out, n=name: self._watch(out, n))
+                for p in module.parameters():
+                    p.register_post_accumulate_grad_hook(lambda _p, n=name: self._end(n))
+
+    def _watch(self, output: torch.Tensor, name: str) -> None:
+        """Backward reaches the layer when its output's gradient is complete: a tensor
+        hook (module backward hooks would also work, but warn for the first layer)."""
+        if output.requires_grad:
+            output.register_hook(lambda _grad: self._start(name))
+
+    def _start(self, name: str) -> None:
+        self.spans[name] = [time.time(), time.time()]
+
+    def _end(self, name: str) -> None:
+        self.spans[name][1] = max(self.spans[name][1], time.time())
+
+    def as_spans(self) -> list[tuple[str, float, float]]:
+        return [(f"backward {name}", start, end) for name, (start, end) in self.spans.items()]
+
+
+def _ddp_stepper(config: MLPConfig, cap_mb):
+    """A function that runs one DDP step and returns its spans on this rank."""
+    model = make_mlp(config)
+    ddp = DDP(model, bucket_cap_mb=cap_mb)
+    recorder, clock = BucketRecorder(model).register(ddp), LayerClock(model)
+
+    def step(x, iteration: int) -> dict:
+        recorder.iteration = iteration
+        start = time.time()
+        loss = ddp(x).square().mean()
+        forward_end = time.time()
+        loss.backward()  # returns once DDP has waited for every bucket
+        comm = [(f"bucket {r['index']}", r["ready"], r["done"])
+                for r in recorder.of_iteration(iteration)]
+        return {"compute": [("forward", start, forward_end)] + clock.as_spans(),
+                "comm": comm, "step": (start, time.time())}
+    return step
+
+
+def _manual_stepper(config: MLPConfig):
+    """The same for backward first, then ``all_reduce_after_backward``."""
+    model = make_mlp(config)
+    clock, flat = LayerClock(model), [None]
+
+    def step(x, iteration: int) -> dict:
+        start = time.time()
+        loss = model(x).square().mean()
+        forward_end = time.time()
+        loss.backward()
+        sync_start = time.time()
+        flat[0] = all_reduce_after_backward(model, flat[0])
+        return {"compute": [("forward", start, forward_end)] + clock.as_spans(),
+                "comm": [("all gradients", sync_start, time.time())],
+                "step": (start, time.time())}
+    return step
+
+
+def step_timeline(config: MLPConfig = TIMELINE_MODEL, cap_mb=4, batch: int = 64,
+                  warmup: int = 2, repeats: int = 3) -> dict:
+    """On each rank: one step's spans ``(label, start, end)`` (time.time()), for DDP with
+    ``bucket_cap_mb=cap_mb`` ("ddp") and for all-reduce after backward ("no_overlap").
+
+    The two take turns for ``warmup`` steps (which also rebuild DDP's buckets), then
+    ``repeats`` more; of those, each keeps its median step (by the slowest rank's
+    duration, the same step on every rank), so one burst of outside load does not
+    decide the picture."""
+    torch.manual_seed(dist.get_rank())
+    x = torch.randn(batch, config.inputs)
+    steppers = {"ddp": _ddp_stepper(config, cap_mb), "no_overlap": _manual_stepper(config)}
+    kept = {key: [] for key in steppers}
+    for iteration in range(warmup + repeats):
+        for key, step in steppers.items():
+            dist.barrier()
+            spans = step(x, iteration)
+            if iteration >= warmup:
+                kept[key].append(spans)
+    return {key: _median_step(steps) for key, steps in kept.items()}
+
+
+def _median_step(steps: list[dict]) -> dict:
+    durations = torch.tensor([s["step"][1] - s["step"][0] for s in steps], dtype=torch.float64)
+    dist.all_reduce(durations, op=dist.ReduceOp.MAX)
+    return steps[int(durations.argsort()[len(steps) // 2])]
+
+
+def overlap_fraction(step: dict) -> float:
+    """Share of the buckets' time in flight (handed over -> all-reduce done) that lay
+    before the end of backward: how much communication backward could hide."""
+    compute = [(s, e) for label, s, e in step["compute"] if label != "forward"]
+    backward_end = max(e for _, e in compute)
+    comm = [(s, e) for _, s, e in step["comm"]]
+    total = sum(e - s for s, e in comm)
+    hidden = sum(max(0.0, min(e, backward_end) - s) for s, e in comm)
+    return hidden / total if total else 0.0
+
+
+def overlap_summary() -> dict:
+    """``ddp-lab run overlap``: this rank's step time and hidden share of communication,
+    with DDP and with all-reduce after backward."""
+    return {key: {"ms": round(1e3 * (s["step"][1] - s["step"][0]), 1),
+                  "overlap": round(overlap_fraction(s), 2)}
+            for key, s in step_timeline().items()}

@@ -1,0 +1,1 @@
+"""Notebook 08: hangs, stragglers, mismatched collectives, crashes, elastic recovery."""

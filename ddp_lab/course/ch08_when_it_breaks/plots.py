@@ -1,0 +1,72 @@
+"""Figures for notebook 08 (when it breaks): a straggler's effect on every rank's step time,
+and a training run that was killed, restarted by torchrun and resumed."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from ddp_lab.course.timeline import PALETTE
+
+
+def step_times(times) -> Figure:
+    """Left: every rank's time per step. Right: the mean step split into the rank's own work
+    (before ``backward()``) and ``backward()`` (the all-reduce, where fast ranks wait).
+
+    ``times`` is a ``ddp_lab.course.ch08_when_it_breaks.stragglers.StepTimes``."""
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    for rank, row in enumerate(times.step):
+        slow = rank == times.slow_rank
+        left.plot([1e3 * s for s in row], marker="os^Dv"[rank % 5], alpha=0.8,
+                  color=PALETTE[rank % len(PALETTE)],
+                  linestyle="--" if slow else "-",
+                  label=f"rank {rank}" + (f" (sleeps {times.delay * 1e3:g} ms)" if slow else ""))
+    left.axhline(times.delay * 1e3, color="grey", linewidth=1, linestyle=":")
+    left.set_xlabel("step")
+    left.set_ylabel("time per step (ms)")
+    left.set_ylim(bottom=0)
+    left.set_title("every rank runs at the slowest rank's pace")
+    left.legend(frameon=False, fontsize=8)
+    _work_vs_wait(right, times)
+    return fig
+
+
+def _work_vs_wait(ax, times) -> None:
+    ranks = range(len(times.step))
+    own, waiting = times.mean_ms("before_backward"), times.waiting_ms()
+    ax.barh(ranks, own, color="#4c72b0", label="own work (before backward)")
+    ax.barh(ranks, waiting, left=own, color="#dd8452",
+            label="backward: all-reduce, waiting for the slowest")
+    ax.set_yticks(list(ranks), [f"rank {r}" + (" (slow)" if r == times.slow_rank else "")
+                                for r in ranks])
+    ax.set_ylim(len(times.step) - 0.4, -0.6)  # rank 0 on top
+    ax.set_xlabel("mean time per step (ms), steps 1+")
+    ax.set_title("where each rank's step goes")
+    ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+
+
+def recovery_losses(reference: list[float], attempts: dict[int, dict[int, float]]) -> Figure:
+    """Epoch losses of an uninterrupted run (line) and of a run torchrun restarted
+    (one marker style per attempt: ``attempts[restart][epoch] = loss``)."""
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(range(len(reference)), reference, color="black", linewidth=2, alpha=0.35,
+            label="uninterrupted run")
+    markers = ("o", "s", "^", "D")
+    for restart, losses in sorted(attempts.items()):
+        epochs = sorted(losses)
+        ax.plot(epochs, [losses[e] for e in epochs], linestyle="none",
+                marker=markers[restart % len(markers)], markersize=9, fillstyle="none",
+                markeredgewidth=2, color=PALETTE[restart % len(PALETTE)],
+                label=f"torchrun attempt {restart}" + (" (killed after it)" if restart == 0
+                                                        and len(attempts) > 1 else ""))
+    for restart, losses in sorted(attempts.items())[1:]:
+        ax.axvline(min(losses) - 0.5, color="grey", linestyle="--", linewidth=1)
+        ax.annotate("worker killed,\ntorchrun restarts,\nresume from checkpoint",
+                    (min(losses) - 0.5, max(reference)), fontsize=8, ha="center", va="top",
+                    backgroundcolor="white")
+    ax.set_xticks(range(len(reference)))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("training loss (mean over ranks)")
+    ax.legend(frameon=False, fontsize=8)
+    return fig

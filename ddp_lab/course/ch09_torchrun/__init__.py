@@ -1,0 +1,1 @@
+"""Notebook 09: torchrun, elastic_launch and a two-node cluster in network namespaces."""

@@ -1,0 +1,215 @@
+"""Notebook 09, part 2: a two-node cluster on one machine, what breaks, and the fixes.
+
+With root, the two nodes are network namespaces (``ddp_lab.course.netns``): separate addresses
+on a virtual link, and this machine's hostname, which resolves to loopback in both, so the
+seed's troubleshooting list bites for real. Without root, both "nodes" are this machine on
+loopback: the multi-node commands still run (two agents, one rendezvous), the pitfalls
+cannot be shown.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ddp_lab.course import netns
+from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, run_agents
+from ddp_lab.course.ports import free_loopback_port
+from ddp_lab.course.netns import Host
+from ddp_lab.launch.process_tree import kill_tree
+
+RDZV_PORT = 29400  # the seed's port: free in a fresh namespace
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Two hosts, the rendezvous port on the first, and why namespaces were skipped
+    (None when the hosts really are separate namespaces)."""
+
+    hosts: tuple[Host, Host]
+    port: int
+    skipped: str | None = None
+
+    @property
+    def separate(self) -> bool:
+        return self.skipped is None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.hosts[0].name}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Fixes:
+    """What a run needs when the hostname does not resolve to an address the other nodes
+    can reach: tell node0 that it hosts the rendezvous store (``is_host``), make every
+    agent advertise its real address (``--local-addr``), and pin gloo to the interface
+    that carries it (``GLOO_SOCKET_IFNAME``)."""
+
+    is_host: bool = True
+    local_addr: bool = True
+    gloo_ifname: bool = True
+
+
+NO_FIXES = Fixes(is_host=False, local_addr=False, gloo_ifname=False)
+
+
+@contextmanager
+def local_cluster() -> Iterator[Cluster]:
+    """Two network namespaces when this process may create them, else loopback twice."""
+    reason = netns.namespace_support()
+    if reason is None:
+        with netns.two_hosts() as hosts:
+            yield Cluster(hosts, RDZV_PORT)
+    else:
+        yield Cluster(netns.loopback_hosts(), free_loopback_port(), skipped=reason)
+
+
+def cluster_agents(cluster: Cluster, target: list[str], fixes: Fixes = Fixes(), *,
+                   nproc: int = 2, nnodes: str = "2", rdzv_id: str = "nb09",
+                   rdzv_conf: tuple[str, ...] = (), late: str | None = None,
+                   extra_env: dict | None = None) -> list[Agent]:
+    """One torchrun agent per host, as you would type them on each machine. ``late``:
+    node1 starts only once this text appeared in node0's output."""
+    agents = []
+    for i, host in enumerate(cluster.hosts):
+        args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={cluster.endpoint}", f"--rdzv-id={rdzv_id}"]
+        conf = list(rdzv_conf)
+        env = {"OMP_NUM_THREADS": "1", **(extra_env or {})}
+        if cluster.separate:  # on loopback the defaults are right, and is_host would clash
+            if fixes.is_host:
+                conf.insert(0, f"is_host={'true' if i == 0 else 'false'}")
+            if fixes.local_addr:
+                args.append(f"--local-addr={host.address}")
+            if fixes.gloo_ifname:
+                env["GLOO_SOCKET_IFNAME"] = host.interface
+        if conf:
+            args.append("--rdzv-conf=" + ",".join(conf))
+        agents.append(Agent(host, tuple(args + target), env, late if i else None))
+    return agents
+
+
+def print_commands(agents: list[Agent]) -> None:
+    for i, agent in enumerate(agents):
+        print(f"# node{i}\n{agent.command_line()}\n")
+
+
+def try_cluster(cluster: Cluster, fixes: Fixes, timeout: float = 60.0) -> AgentsResult | None:
+    """print_env.py on 2 x 1 workers with the given fixes, failing fast: the rendezvous
+    store read timeout and the workers' init timeout are cut to a few seconds. Prints the
+    commands, then per node: how it ended, its workers' variables, its errors. None (and
+    why) on loopback, where there is nothing to fix."""
+    if not cluster.separate:
+        print(f"skipped, the two nodes are this machine on loopback: {cluster.skipped}")
+        return None
+    agents = cluster_agents(cluster, ["-m", "ddp_lab.scripts.print_env", "--timeout", "4"],
+                            fixes, nproc=1, rdzv_conf=("read_timeout=3",))
+    print_commands(agents)
+    result = run_agents(agents, timeout=timeout, echo=False, grace=3.0)
+    print(result.summary(keep=("RANK=",)))
+    return result
+
+
+def describe_hosts(cluster: Cluster) -> list[str]:
+    """Each host's address and interface, and what its hostname resolves to there: the
+    name every torchrun and gloo default starts from."""
+    probe = ("import socket; n = socket.gethostname(); "
+             "print(n, '->', socket.gethostbyname(n), '| fqdn:', socket.getfqdn())")
+    lines = []
+    for host in cluster.hosts:
+        done = subprocess.run(host.command([sys.executable, "-c", probe]), capture_output=True,
+                              text=True, timeout=30)
+        where = host.netns or "this machine"
+        lines.append(f"{host.name:9} {host.address:10} on {host.interface:12} ({where})  "
+                     f"hostname {done.stdout.strip()}")
+    return lines
+
+
+# -- the seed's connectivity check --------------------------------------------------------
+def connectivity_check(cluster: Cluster) -> list[str]:
+    """``nc -l`` on node0, ``nc -zv`` from node1 (in Python), then a port nobody listens
+    on: refused means the host answered, i.e. it is reachable (what ``ping`` would say)."""
+    node0, node1 = cluster.hosts
+    port = cluster.port
+    listener = subprocess.Popen(node0.command(_port_check("listen", str(port), "--timeout",
+                                                          "20")),
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [f"{node0.name}$ nc -l {port}   ->  {listener.stdout.readline().strip()}"]
+        lines.append(_connect_line(node1, node0.name, port))
+        listener.wait(timeout=20)
+        lines.append(f"{node0.name}: {listener.stdout.read().strip()}")
+        lines.append(_connect_line(node1, node0.name, port + 1))
+        return lines
+    finally:
+        kill_tree(listener.pid)
+        listener.wait()
+        listener.stdout.close()
+
+
+def _connect_line(host: Host, target: str, port: int) -> str:
+    done = subprocess.run(host.command(_port_check("connect", target, str(port))),
+                          capture_output=True, text=True, timeout=30)
+    return f"{host.name}$ nc -zv {target} {port}   ->  {done.stdout.strip()}"
+
+
+def _port_check(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ddp_lab.scripts.port_check", *args]
+
+
+# -- the real work across both hosts ------------------------------------------------------
+def all_reduce_across(cluster: Cluster, timeout: float = 90.0) -> AgentsResult:
+    """print_env.py on 2 nodes x 2 workers, every fix applied."""
+    agents = cluster_agents(cluster, ["-m", "ddp_lab.scripts.print_env"])
+    print_commands(agents)
+    return run_agents(agents, timeout=timeout)
+
+
+def train_across(cluster: Cluster, epochs: int = 1, timeout: float = 120.0) -> AgentsResult:
+    """The CNN of notebook 06, trained by 2 nodes x 2 workers."""
+    agents = cluster_agents(cluster, ["-m", "ddp_lab.scripts.train_cnn", "--epochs",
+                                      str(epochs), "--batch-size", "16", "--no-progress"],
+                            rdzv_id="nb09-cnn")
+    print_commands(agents)
+    return run_agents(agents, timeout=timeout)
+
+
+# -- the exercise: one process group per node ------------------------------------------
+def node_sums_reference(local_world_size: int = 2) -> float:
+    """The sum of the global ranks on this rank's node, all_reduced in a group per node
+    (ranks r with the same r // local_world_size, which is torchrun's GROUP_RANK)."""
+    import torch
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # new_group is collective: every rank creates every group, in the same order
+    groups = [dist.new_group(list(range(first, first + local_world_size)))
+              for first in range(0, world, local_world_size)]
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total, group=groups[rank // local_world_size])
+    return total.item()
+
+
+def check_node_sums(fn, layouts=((4, 2), (6, 3))) -> str:
+    """The exercise's checker: runs the learner's ``fn(local_world_size)`` on real ranks
+    for each (world size, ranks per node) and compares with the per-node sums."""
+    import ddp_lab
+    for world, local in layouts:
+        try:
+            res = ddp_lab.run(fn, world_size=world, args=(local,), timeout=30, echo=False)
+        except ddp_lab.WorkerTimeout as err:
+            raise AssertionError(
+                f"{world} ranks, {local} per node: the ranks hung (stuck: {err.stuck_ranks}). "
+                "dist.new_group is a collective: every rank must create every node's group, "
+                "in the same order, even the groups it is not in.") from None
+        expected = [float(sum(range(r // local * local, (r // local + 1) * local)))
+                    for r in range(world)]
+        wrong = {r: v for r, v in enumerate(res.values) if v != expected[r]}
+        if wrong:
+            raise AssertionError(f"{world} ranks, {local} per node: expected {expected}, "
+                                 f"these ranks returned something else: {wrong}. Did every "
+                                 "rank create every node's group, in the same order?")
+    return "passed on " + ", ".join(f"{w} ranks ({w // l} nodes of {l})" for w, l in layouts)

@@ -1,0 +1,19 @@
+"""A free loopback port for demos that start their own rendezvous (stores, torchrun agents)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_loopback_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (the kernel picks it, 0 = any).
+
+    There is a small race: we must close the socket to hand the number to rank 0, and in
+    between another program may take the port; rank 0's bind then fails with "Address
+    already in use" and a rerun picks a new one (torchrun's own ``get_free_port`` has the
+    same race and says so). ddp_lab's launcher avoids it by keeping its socket open and
+    handing it to its store.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

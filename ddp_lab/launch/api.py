@@ -1,0 +1,114 @@
+"""``run`` and ``run_script``: check the input, start the ranks, return what they returned.
+
+Ranks are fresh processes forked from a fork server that has torch imported (zygote.py),
+never forks of the calling kernel, so functions defined in a notebook work (they travel by
+value with cloudpickle) and a kernel that touched CUDA is no problem.
+"""
+
+from __future__ import annotations
+
+import linecache
+from dataclasses import replace
+
+from ddp_lab.launch import checks
+from ddp_lab.launch.outcome import RunResult, conclude
+from ddp_lab.launch.session import LaunchConfig, Session
+from ddp_lab.launch.spawner import get_fork_server
+
+
+def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
+        timeout: float = 60.0, env=None, *, echo: bool = True) -> RunResult:
+    """Call ``fn(*args, **kwargs)`` on ``world_size`` ranks with the process group ready.
+
+    Each rank's output is printed live as ``[rank N] ...`` (``echo=False`` keeps it only in
+    ``.logs``). Returns a RunResult; raises WorkerError if a rank fails and WorkerTimeout if
+    the ranks are still running after ``timeout`` seconds.
+    """
+    __tracebackhide__ = True  # IPython shows the error, not the launcher's frames
+    checks.check_callable(fn)
+    config = LaunchConfig(world_size=checks.check_world_size(world_size),
+                          backend=checks.check_backend(backend),
+                          timeout=checks.check_timeout(timeout), env=checks.check_env(env),
+                          echo=bool(echo))
+    args, kwargs = checks.check_call_args(args, kwargs)
+    return _launch(config, pickle_payload(fn, args, kwargs))
+
+
+def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto",
+               timeout: float = 300.0, env=None, *, echo: bool = True,
+               launcher: str = "ddp_lab") -> RunResult:
+    """Run a torchrun-compatible script (``init_process_group(init_method="env://")``) on
+    ``world_size`` ranks. ``ddp_lab.report(value)`` in the script sets ``values[rank]``.
+
+    ``launcher="torchrun"`` starts the ranks with torch's own elastic agent
+    (``torchrun --standalone``) instead of ddp_lab's fork server: slower to start, the
+    exact torchrun environment, and the same output, errors and cleanup."""
+    __tracebackhide__ = True
+    launcher = checks.check_launcher(launcher)
+    path, script_args = checks.check_script(script, script_args)
+    config = LaunchConfig(world_size=checks.check_world_size(world_size),
+                          backend=checks.check_backend(backend),
+                          timeout=checks.check_timeout(timeout), env=checks.check_env(env),
+                          echo=bool(echo), script=path, script_args=script_args)
+    if launcher == "torchrun":
+        from ddp_lab.launch.torchrun.session import run_with_torchrun
+        return run_with_torchrun(_checked_backend(config))
+    return _launch(config, payload=None)
+
+
+def pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
+    """fn and its arguments as bytes, or a TypeError that says which part cannot travel."""
+    import cloudpickle
+    try:
+        return cloudpickle.dumps((fn, args, kwargs, interactive_sources()))
+    except Exception:  # noqa: BLE001 - pickling fails in many ways; find the culprit
+        pass
+    for what, obj in (("fn", fn), ("args", args), ("kwargs", kwargs)):
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(
+                f"{what} cannot be sent to the ranks ({type(exc).__name__}: {exc}). Every "
+                "rank is a separate process, so fn and its arguments are pickled: pass plain "
+                "data (numbers, strings, lists, dicts, CPU tensors) and create locks, open "
+                "files, sockets or generators inside fn instead.") from exc
+    raise TypeError("fn and its arguments cannot be pickled together; pass plain data")
+
+
+def interactive_sources() -> dict:
+    """Source of notebook cells (linecache entries with no file behind them), so that a
+    rank's traceback can quote the cell line that failed."""
+    return {name: entry for name, entry in list(linecache.cache.items())
+            if len(entry) == 4 and entry[1] is None}
+
+
+def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
+    __tracebackhide__ = True
+    if config.backend == "nccl":
+        checks.check_gpus("nccl", config.world_size, _gpu_count())
+    get_fork_server()  # it imports torch while this process resolves the backend
+    config = replace(config, backend=resolve_backend(config.backend, config.world_size))
+    with Session(config, payload) as session:
+        session.start()
+        session.wait()
+        return conclude(session)
+
+
+def _checked_backend(config: LaunchConfig) -> LaunchConfig:
+    if config.backend == "nccl":
+        checks.check_gpus("nccl", config.world_size, _gpu_count())
+    return replace(config, backend=resolve_backend(config.backend, config.world_size))
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """'auto': NCCL with one GPU per rank when there are enough GPUs, else gloo on CPU."""
+    if backend != "auto":
+        return backend
+    import torch.distributed as dist
+    enough_gpus = _gpu_count() >= world_size
+    return "nccl" if enough_gpus and dist.is_nccl_available() else "gloo"
+
+
+def _gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

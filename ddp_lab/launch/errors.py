@@ -1,0 +1,109 @@
+"""The exceptions a run raises: what failed, on which rank, and what to do about it.
+
+They are plain data plus a message, so a notebook can both print them and inspect them
+(``err.rank``, ``err.traceback``, ``err.stuck_ranks``...) in an assert cell.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class DistributedRunError(RuntimeError):
+    """Base class of every failure of a multi-rank run started by ddp_lab."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a traceback through the launcher: the
+        message already holds the rank's own traceback, which is what matters."""
+        return f"{type(self).__name__}: {self}".splitlines()
+
+
+class WorkerError(DistributedRunError):
+    """A rank failed. ``rank`` is the root cause; ``knock_on`` lists ranks that only died
+    because of it (a peer's collective broke, or the launcher stopped them);
+    ``also_failed`` lists ranks that failed on their own too (often the same bug).
+
+    Attributes: rank, exitcode, traceback (str, the root-cause rank's), logs (list of every
+    rank's output), knock_on and also_failed (dict rank -> one-line reason).
+    """
+
+    def __init__(self, rank: int, exitcode: int | None, traceback: str, logs: list[str],
+                 knock_on: dict[int, str] | None = None, hint: str = "",
+                 also_failed: dict[int, str] | None = None):
+        self.rank = rank
+        self.hint = hint
+        self.also_failed = dict(also_failed or {})
+        self.exitcode = exitcode
+        self.traceback = traceback
+        self.logs = logs
+        self.knock_on = dict(knock_on or {})
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        head = f"rank {self.rank} failed ({describe_exit(self.exitcode)}); it is the root cause."
+        lines = [head, "", self.traceback.rstrip() or "(no Python traceback: see its log)"]
+        if self.hint:
+            lines += ["", self.hint]
+        if self.knock_on:
+            lines += ["", "Knock-on failures (they stopped because rank "
+                      f"{self.rank} did, look at rank {self.rank} first):"]
+            lines += [f"  rank {r}: {why}" for r, why in sorted(self.knock_on.items())]
+        if self.also_failed:
+            lines += ["", "These ranks failed on their own as well:"]
+            lines += [f"  rank {r}: {why}" for r, why in sorted(self.also_failed.items())]
+        lines += ["", "Each rank's full output is in err.logs[rank]."]
+        return "\n".join(lines)
+
+
+class WorkerTimeout(DistributedRunError):
+    """The run did not finish within ``timeout`` seconds.
+
+    ``stuck_ranks`` are the ranks still running at the deadline; ``stacks[rank]`` is where
+    each one was waiting (Python stack, oldest call first), taken just before they were killed.
+    """
+
+    def __init__(self, timeout: float, stuck_ranks: list[int], stacks: dict[int, str],
+                 logs: list[str]):
+        self.timeout = timeout
+        self.stuck_ranks = list(stuck_ranks)
+        self.stacks = dict(stacks)
+        self.logs = logs
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        done = sorted(set(range(len(self.logs))) - set(self.stuck_ranks))
+        lines = [f"timed out after {self.timeout:g} s: ranks {self.stuck_ranks} were still "
+                 f"running" + (f" (ranks {done} had finished)." if done else "."),
+                 "A collective that some rank never joins, or a send/recv with no matching "
+                 "peer, waits forever: check that every rank calls the same collectives in "
+                 "the same order (uneven data is the usual cause), or raise timeout= if the "
+                 "work is just slow.", ""]
+        from ddp_lab.launch.stacks import waiting_in
+        for rank in self.stuck_ranks:
+            stack = self.stacks.get(rank, "(no stack)")
+            where = waiting_in(stack)
+            lines += [f"rank {rank} was here" + (f", waiting in {where}:" if where else ":"),
+                      _indent(stack), ""]
+        return "\n".join(lines).rstrip()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        import signal
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.rstrip().splitlines())
+
+
+def short_message(message: str, limit: int = 120) -> str:
+    """First line, without gloo's '[/path/to/pair.cc:553] ' prefix, cut at a word."""
+    first = re.sub(r"^\[[^\]]*\]\s*", "", (message.strip().splitlines() or [""])[0])
+    return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + " ..."

@@ -1,0 +1,134 @@
+"""What a finished session amounts to: the ranks' values, or the error that explains it.
+
+The root cause of a crash is the rank that failed first for a reason of its own; ranks whose
+error is a broken connection (the usual way a peer's death shows up in gloo or NCCL), or
+that the launcher stopped, are knock-on failures listed after it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+from ddp_lab.launch.errors import (DistributedRunError, WorkerError, WorkerTimeout, describe_exit,
+                            short_message)
+from ddp_lab.launch.heartbeat import describe_ranks
+from ddp_lab.launch.stacks import describe_crash
+
+KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
+                  "communicator was aborted", "socket closed", "distnetworkerror",
+                  "connection refused", "read error", "recv error")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What ``ddp_lab.run`` returns: ``values[rank]``, ``logs[rank]``, ``seconds``."""
+
+    values: list
+    logs: list[str]
+    seconds: float
+    backend: str = "gloo"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, rank: int):
+        return self.values[rank]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __repr__(self) -> str:
+        shown = repr(self.values)
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        return (f"RunResult(world_size={self.world_size}, backend={self.backend!r}, "
+                f"seconds={self.seconds:.2f}, values={shown})")
+
+
+def conclude(session) -> RunResult:
+    __tracebackhide__ = True
+    logs = session.logs()
+    if session.timed_out:
+        stuck = sorted(session.stacks)
+        raise WorkerTimeout(session.config.timeout, stuck, session.stacks, logs)
+    failed = [s for s in session.ranks if s.exitcode != 0]
+    if failed:
+        raise _worker_error(session, failed, logs)
+    values = [_load(session.files.result(s.rank)) for s in session.ranks]
+    return RunResult(values, logs, session.seconds, session.config.backend)
+
+
+def _worker_error(session, failed, logs) -> DistributedRunError:
+    if any(s.exitcode is None for s in failed):
+        return DistributedRunError("the ddp_lab fork server died during the run; every rank "
+                                   "was stopped. Run again: a new one is started.")
+    records = {s.rank: _load(session.files.error(s.rank)) for s in failed}
+    logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
+            for r, log in enumerate(logs)]
+    root = _root_cause(failed, records)
+    others = [s for s in failed if s is not root]
+    own = {s.rank for s in others if _failed_on_its_own(s, records.get(s.rank))}
+    knock_on = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
+                for s in others if s.rank not in own}
+    also_failed = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
+                   for s in others if s.rank in own}
+    record = records.get(root.rank)
+    trace = record["traceback"] if record else describe_crash(logs[root.rank])
+    return WorkerError(root.rank, root.exitcode, trace, logs, knock_on,
+                       hint=_early_exit_hint(session, root, records), also_failed=also_failed)
+
+
+def _failed_on_its_own(state, record) -> bool:
+    """An error of its own (not a broken connection, not stopped by us)."""
+    return not state.stopped_by_launcher and record is not None and \
+        not looks_like_knock_on(record)
+
+
+def _early_exit_hint(session, root, records) -> str:
+    """Gloo turns 'a peer left while we wait in a collective' into a connection error: say
+    so when the 'root cause' is such an error and some rank had already finished."""
+    if not looks_like_knock_on(records.get(root.rank)):
+        return ""
+    finished = [s.rank for s in session.ranks if s.exitcode == 0]
+    if not finished:
+        return ""
+    return (f"{describe_ranks(finished).capitalize()} returned while the others still waited in a "
+            "collective: the ranks did not call the same collectives the same number of "
+            "times (uneven data per rank is the usual cause; see notebook 08 and "
+            "torch.distributed.algorithms.Join).")
+
+
+def _root_cause(failed, records):
+    def failed_at(state):
+        record = records.get(state.rank)
+        return record["time"] if record else state.exit_time
+
+    own = [s for s in failed if not s.stopped_by_launcher]
+    primary = [s for s in own if not looks_like_knock_on(records.get(s.rank))]
+    return min(primary or own or failed, key=failed_at)
+
+
+def looks_like_knock_on(record: dict | None) -> bool:
+    if record is None:
+        return False
+    text = f"{record['type']}: {record['message']}".lower()
+    return any(sign in text for sign in KNOCK_ON_SIGNS)
+
+
+def _knock_on_reason(state, record, root_rank: int) -> str:
+    if state.stopped_by_launcher:
+        return f"stopped by the launcher after rank {root_rank} failed"
+    if record:
+        return f"{record['type']}: {short_message(record['message'])}"
+    return describe_exit(state.exitcode)
+
+
+def _load(path):
+    try:
+        return pickle.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None

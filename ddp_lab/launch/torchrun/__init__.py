@@ -1,0 +1,3 @@
+"""The torchrun path: ``run_script(..., launcher="torchrun")`` on torch's own elastic agent
+(``agent``, ``session``, ``output``), and the runner that starts torchrun agents as
+subprocesses for the course's multi-node and recovery chapters (``agents``, ``command``)."""

@@ -1,0 +1,74 @@
+"""``python -m ddp_lab.launch.torchrun.agent ARGS`` is ``torchrun ARGS`` with two additions.
+
+It runs torch's own launcher code (``torch.distributed.run``: same arguments, same elastic
+agent, same rendezvous, same worker environment), and
+
+1. writes the failures the agent saw (which rank, exit code, error file) as JSON to
+   ``$DDP_LAB_RUN_DIR/torchrun_failures.json`` instead of printing torchrun's summary:
+   ``run_script(..., launcher="torchrun")`` turns them into a ``WorkerError``;
+2. stops as on SIGTERM (torchrun then stops its workers) when its stdin reaches end of
+   file, i.e. when the launcher that holds the other end is gone, even killed by SIGKILL:
+   the same "no orphan" lifeline the default launcher gives its ranks (it then removes
+   the run folder too, which its launcher no longer can).
+
+Both only when ddp_lab started it (``DDP_LAB_RUN_DIR`` is set); by hand it behaves like
+torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from ddp_lab.launch.worker import RUN_DIR_VAR
+
+FAILURES_FILE = "torchrun_failures.json"
+
+
+def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    run_dir = os.environ.get(RUN_DIR_VAR)
+    orphaned = threading.Event()
+    if run_dir:
+        _watch_lifeline(orphaned)
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as err:
+        if not run_dir:
+            raise
+        _save_failures(err, Path(run_dir))
+        return 1
+    finally:
+        if orphaned.is_set():  # nobody else will remove the run folder now
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+def _watch_lifeline(orphaned: threading.Event) -> None:
+    def watch() -> None:
+        while os.read(0, 1024):
+            pass
+        orphaned.set()
+        os.kill(os.getpid(), signal.SIGTERM)  # torchrun's handler stops the workers
+
+    threading.Thread(target=watch, name="ddp_lab-lifeline", daemon=True).start()
+
+
+def _save_failures(err, run_dir: Path) -> None:
+    failures = {str(rank): {"exitcode": f.exitcode, "local_rank": f.local_rank, "pid": f.pid,
+                            "message": f.message, "error_file": f.error_file}
+                for rank, f in err.failures.items()}
+    tmp = run_dir / (FAILURES_FILE + ".tmp")
+    tmp.write_text(json.dumps(failures))
+    os.replace(tmp, run_dir / FAILURES_FILE)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

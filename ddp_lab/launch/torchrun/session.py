@@ -1,0 +1,237 @@
+"""``run_script(..., launcher="torchrun")``: the script started by torch's own elastic agent.
+
+The agent is torchrun itself (``ddp_lab.launch.torchrun.agent`` runs ``torch.distributed.run``),
+with ``--standalone --nproc-per-node=N`` as you would type it, so the ranks get exactly
+torchrun's environment, rendezvous and restarts. Around it, the default launcher's
+promises:
+
+- live output as ``[rank N] line``: torchrun tees every worker line to its own output
+  behind a prefix we pick (``torchrun_output.TeeDemux`` splits it back per rank);
+- ``ddp_lab.report(value)`` becomes ``values[rank]``: the agent passes ``DDP_LAB_RUN_DIR``
+  on to its workers and ``report`` writes there (without it, report does nothing);
+- a failing rank raises ``WorkerError`` naming the root cause: torchrun says which ranks
+  failed with which exit code, each rank's log holds its traceback;
+- after ``timeout`` seconds, ``WorkerTimeout`` with each stuck rank's Python stack (workers
+  run with ``PYTHONFAULTHANDLER=1``, so SIGABRT makes them print it first);
+- nothing left: the agent runs in its own session and its workers in theirs (torchrun puts
+  each worker in a new session), so cleanup walks the agent's process tree; if this process
+  dies, the agent sees its stdin close and stops its workers itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ddp_lab.launch.echo import make_echo
+from ddp_lab.launch.errors import DistributedRunError
+from ddp_lab.launch.outcome import RunResult, conclude
+from ddp_lab.launch.process_tree import kill_tree, send, wait_gone
+from ddp_lab.launch.ranks import RankState
+from ddp_lab.launch.session import LaunchConfig, loopback_env, threads_per_rank
+from ddp_lab.launch.torchrun.agent import FAILURES_FILE
+from ddp_lab.launch.torchrun.output import PREFIX_TEMPLATE, TeeDemux, error_record
+from ddp_lab.launch.worker import RUN_DIR_VAR, RunFiles, _write
+
+STACK_WAIT_S = 3.0  # how long stuck workers get to print their stacks after SIGABRT
+STOPPED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL)  # how torchrun stops a worker's peers
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def package_pythonpath(env: dict[str, str]) -> str:
+    """``env``'s PYTHONPATH with this ddp_lab's folder first: the agent and its workers
+    import this very copy, installed or not."""
+    return os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
+
+
+def run_with_torchrun(config: LaunchConfig) -> RunResult:
+    """What ``run_script(..., launcher="torchrun")`` does once its input is checked."""
+    __tracebackhide__ = True
+    with TorchrunSession(config) as session:
+        session.start()
+        session.wait()
+        return conclude(session)
+
+
+def torchrun_args(config: LaunchConfig, log_dir: str) -> list[str]:
+    """The torchrun command line (without the leading ``torchrun``) for this run."""
+    return ["--standalone", f"--nproc-per-node={config.world_size}", "--tee=3",
+            f"--log-dir={log_dir}", config.script, *config.script_args]
+
+
+def agent_env(config: LaunchConfig, run_dir: str) -> dict[str, str]:
+    """The agent's environment, which torchrun passes on to every worker."""
+    env = loopback_env(config)
+    if "OMP_NUM_THREADS" not in config.env:  # the caller's env= may set it
+        env["OMP_NUM_THREADS"] = str(threads_per_rank(config.world_size))
+    env.update({RUN_DIR_VAR: run_dir, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+                "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": PREFIX_TEMPLATE,
+                "PYTHONPATH": package_pythonpath(env)})
+    return env
+
+
+class TorchrunSession:
+    """Quacks like ``session.Session`` for ``outcome.conclude``: ranks, files, logs()."""
+
+    def __init__(self, config: LaunchConfig):
+        self.config = config
+        self.ranks = [RankState(r) for r in range(config.world_size)]
+        self.agent_state = RankState(-1)  # the agent's own (unprefixed) output
+        self.demux = TeeDemux()
+        self.echo = make_echo(config.echo)
+        self.timed_out = False
+        self.stacks: dict[int, str] = {}
+        self.seconds = 0.0
+        self.agent: subprocess.Popen | None = None
+
+    def __enter__(self) -> "TorchrunSession":
+        self.run_dir = tempfile.mkdtemp(prefix=f"ddp_lab-{os.getpid()}-")
+        self.files = RunFiles(self.run_dir)
+        self.log_dir = os.path.join(self.run_dir, "torchrun")
+        return self
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "ddp_lab.launch.torchrun.agent",
+                   *torchrun_args(self.config, self.log_dir)]
+        self.started = time.monotonic()
+        self.agent = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      env=agent_env(self.config, self.run_dir))
+        if hasattr(resource, "prlimit"):  # Linux: no core files when a stuck worker is
+            resource.prlimit(self.agent.pid, resource.RLIMIT_CORE, (0, 0))  # sent SIGABRT
+        os.set_blocking(self.agent.stdout.fileno(), False)
+
+    # -- the run ------------------------------------------------------------------------
+    def wait(self) -> None:
+        from ddp_lab.launch.heartbeat import Heartbeat
+        heartbeat = Heartbeat(self.config.timeout, enabled=self.config.echo)
+        deadline = self.started + self.config.timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.agent.stdout, selectors.EVENT_READ)
+            while not self._read(selector, min(deadline, heartbeat.next_at(self.started))):
+                if time.monotonic() >= deadline:
+                    self._time_out()
+                    break
+                heartbeat.maybe_beat(self.started, list(range(self.config.world_size)))
+        for state in [*self.ranks, self.agent_state]:
+            if state.partial:  # a last line without its newline
+                self._take(state.rank if state.rank >= 0 else None, b"\n")
+        try:
+            self.agent.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # its output closed, yet it does not exit
+            self._time_out()
+            self.agent.wait()
+        self.seconds = time.monotonic() - self.started
+        self._settle()
+
+    def _read(self, selector, until: float) -> bool:
+        """Handle output until ``until``; True once the agent closed its output."""
+        while time.monotonic() < until:
+            if not selector.select(max(0.0, until - time.monotonic())):
+                continue
+            try:
+                chunk = os.read(self.agent.stdout.fileno(), 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return True
+            for owner, text in self.demux.feed(chunk):
+                self._take(owner, text)
+        return False
+
+    def _take(self, owner: int | None, text: bytes) -> None:
+        state = self.agent_state if owner is None else self.ranks[owner]
+        lines, status = state.feed(text)
+        state.exit_time = time.monotonic()  # last sign of life, for the root cause order
+        for line in lines:
+            if owner is None:
+                if self.config.echo:
+                    print(f"[torchrun] {line}", flush=True)
+            else:
+                self.echo.line(owner, line)
+        if status is not None and owner is not None:
+            self.echo.status(owner, status)
+
+    def _time_out(self) -> None:
+        """Ask every stuck worker for its stack (SIGABRT + faulthandler), then stop all."""
+        self.timed_out = True
+        workers = _workers_by_rank(self.agent.pid)
+        for pid in workers.values():
+            send(pid, signal.SIGABRT)
+        wait_gone(list(workers.values()), STACK_WAIT_S)
+        self.stacks = {rank: self._stack_of(rank) for rank in sorted(workers)} or {
+            rank: "(torchrun had not started the workers yet)"
+            for rank in range(self.config.world_size)}
+        kill_tree(self.agent.pid)
+
+    def _stack_of(self, rank: int) -> str:
+        from ddp_lab.launch.stacks import format_dump
+        # torchrun's log folders are named by local rank, which is the rank on one node
+        logs = sorted(Path(self.log_dir).glob(f"*/attempt_*/{rank}/stderr.log"),
+                      key=lambda p: p.stat().st_mtime)
+        text = logs[-1].read_text(errors="replace") if logs else ""
+        dump = text.rpartition("Fatal Python error")[2]
+        return format_dump(dump) or "(the rank did not answer with a stack)"
+
+    # -- what happened ------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Give every rank the exit code torchrun reported (0 when it reported none) and,
+        for a failed rank, the error record the default launcher's ranks write."""
+        failures = self._failures()
+        if self.agent.returncode != 0 and not failures and not self.timed_out:
+            raise DistributedRunError(
+                f"torchrun's agent failed before the ranks finished (exit code "
+                f"{self.agent.returncode}):\n" + "\n".join(self.agent_state.lines[-20:]))
+        for state in self.ranks:
+            failure = failures.get(str(state.rank))
+            state.exitcode = failure["exitcode"] if failure else 0
+            state.exit_time = state.exit_time or time.monotonic()
+            state.stopped_by_launcher = state.exitcode in STOPPED_BY_AGENT
+            record = error_record("\n".join(state.lines)) if failure else None
+            if record:
+                _write(self.files.error(state.rank), {**record, "time": state.exit_time})
+
+    def _failures(self) -> dict:
+        path = Path(self.run_dir, FAILURES_FILE)
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def logs(self) -> list[str]:
+        return ["\n".join(s.lines) for s in self.ranks]
+
+    # -- cleanup ------------------------------------------------------------------------
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.agent is not None:
+                if self.agent.poll() is None:
+                    kill_tree(self.agent.pid)
+                self.agent.wait()
+                self.agent.stdin.close()
+                self.agent.stdout.close()
+        finally:
+            self.echo.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _workers_by_rank(agent_pid: int) -> dict[int, int]:
+    """Global rank -> pid of the agent's live workers (read from their environment)."""
+    import psutil
+    workers = {}
+    try:
+        children = psutil.Process(agent_pid).children()
+    except psutil.NoSuchProcess:
+        return workers
+    for child in children:
+        try:
+            workers[int(child.environ()["RANK"])] = child.pid
+        except (psutil.Error, KeyError, ValueError):
+            pass
+    return workers

@@ -1,0 +1,236 @@
+"""The rank side of a run: environment -> process group -> the user's code -> result.
+
+This runs inside a process forked by the fork server (zygote.py). Everything a rank needs
+arrives in a RankSpec plus two descriptors: the pipe its output goes to, and the run's
+lifeline (a pipe whose write end only the launcher holds; when it closes, because the run
+ended or the launcher died, the rank kills itself, so no worker can outlive its launcher).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import cloudpickle
+
+from ddp_lab.launch.errors import short_message
+
+RUN_DIR_VAR = "DDP_LAB_RUN_DIR"
+STACK_SIGNAL = signal.SIGUSR1
+LAUNCHER_MODULES = ("ddp_lab.launch.worker", "ddp_lab.launch.cell")  # frames a user's traceback skips
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    world_size: int
+    run_dir: str
+    env: dict
+    cwd: str
+    sys_path: tuple
+    backend: str
+    threads: int
+    pg_timeout_s: float
+    script: str | None = None  # None: call the pickled function in run_dir/payload.pkl
+    script_args: tuple = ()
+
+
+class RunFiles:
+    """Where a rank leaves its result, its error and its stack dump in the run folder."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.dir = Path(run_dir)
+        self.payload = self.dir / "payload.pkl"
+
+    def result(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.result.pkl"
+
+    def error(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.error.pkl"
+
+    def stack(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.stack.txt"
+
+
+def rank_main(spec: RankSpec, output_fd: int, lifeline_fd: int) -> None:
+    """Never returns: a forked rank must not fall back into the fork server's loop."""
+    _become_rank_process(spec, output_fd)
+    _watch_lifeline(lifeline_fd)
+    stack_file = _arm_stack_dump(RunFiles(spec.run_dir).stack(spec.rank))
+    code = _run_target(spec)
+    _flush_streams()
+    stack_file.close()
+    os._exit(code)
+
+
+def _become_rank_process(spec: RankSpec, output_fd: int) -> None:
+    os.setpgid(0, 0)  # own group: the launcher kills the rank and its children together
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    os.close(output_fd)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)
+    os.environ.clear()
+    os.environ.update(spec.env)
+    os.chdir(spec.cwd)
+    sys.path[:] = list(spec.sys_path)
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(spec.threads)
+    _reseed_random_generators(torch)
+    # torch read TORCH_DISTRIBUTED_DEBUG when the fork server imported it: read it again
+    dist.set_debug_level_from_env()
+
+
+def _reseed_random_generators(torch) -> None:
+    """Fresh seeds from the OS, as a separately started process (torchrun's) would have:
+    a forked rank inherits the fork server's generators, so without this every rank of
+    every run would draw the same "random" numbers. Code that wants reproducibility seeds
+    explicitly, as it must under torchrun too (notebook 05)."""
+    import random
+
+    import numpy
+    random.seed()
+    numpy.random.seed()
+    torch.seed()
+
+
+def _watch_lifeline(lifeline_fd: int) -> None:
+    def watch() -> None:
+        while os.read(lifeline_fd, 1):
+            pass
+        os.killpg(0, signal.SIGKILL)  # the launcher is gone or gave up on this run
+
+    threading.Thread(target=watch, name="ddp_lab-lifeline", daemon=True).start()
+
+
+def _arm_stack_dump(path: Path):
+    """On STACK_SIGNAL, write every thread's Python stack; works even inside a blocked
+    collective because faulthandler writes from the C signal handler."""
+    stack_file = open(path, "w")
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    faulthandler.enable(file=sys.stderr)  # segfaults print a stack too
+    return stack_file
+
+
+def _run_target(spec: RankSpec) -> int:
+    files = RunFiles(spec.run_dir)
+    try:
+        if spec.script is None:
+            value = _call_function(spec, files)
+            _write(files.result(spec.rank), value)
+        else:
+            _run_script(spec)
+        _destroy_group()
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
+        _record_error(files.error(spec.rank), exc)
+        return 1
+
+
+def _call_function(spec: RankSpec, files: RunFiles):
+    import torch.distributed as dist
+    fn, args, kwargs, sources = cloudpickle.loads(files.payload.read_bytes())
+    linecache.cache.update(sources)  # tracebacks can quote notebook cells
+    _select_device(spec)
+    dist.init_process_group(spec.backend, init_method="env://",
+                            timeout=timedelta(seconds=spec.pg_timeout_s))
+    return fn(*args, **kwargs)
+
+
+def _select_device(spec: RankSpec) -> None:
+    if spec.backend == "nccl":
+        import torch
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+
+
+def _run_script(spec: RankSpec) -> None:
+    import runpy
+    sys.argv = [spec.script, *spec.script_args]
+    sys.path.insert(0, str(Path(spec.script).resolve().parent))
+    _select_device(spec)
+    runpy.run_path(spec.script, run_name="__main__")
+
+
+def _destroy_group() -> None:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _record_error(path: Path, exc: BaseException) -> None:
+    text = "".join(traceback.format_exception(exc.with_traceback(_user_frames(exc))))
+    # One line live; the whole traceback reaches the launcher in the record (and the logs),
+    # so a crash of 8 ranks does not print 8 tracebacks into the cell.
+    sys.stderr.write(f"{type(exc).__name__}: {short_message(str(exc), limit=200)}\n")
+    record = {"type": type(exc).__name__, "message": str(exc), "traceback": text,
+              "time": time.monotonic()}
+    _write(path, record)
+
+
+def _user_frames(exc: BaseException):
+    """The traceback without the launcher's own frames: it should start at the user's code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            tb.tb_frame.f_globals.get("__name__") in LAUNCHER_MODULES:
+        tb = tb.tb_next
+    return tb
+
+
+def _write(path: Path, value) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(cloudpickle.dumps(_to_cpu(value)))
+    os.replace(tmp, path)  # the launcher never reads a half-written file
+
+
+def _to_cpu(value):
+    """Results cross to the kernel, which should never have to touch a GPU to read them."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    if type(value) is dict:
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def report(value):
+    """Send ``value`` back as this rank's result (``res.values[rank]`` of ``run_script``).
+
+    Under plain ``torchrun`` or ``python`` it does nothing, so worker scripts run unchanged
+    everywhere. The last call wins. Returns ``value`` for convenience.
+    """
+    run_dir = os.environ.get(RUN_DIR_VAR)
+    if run_dir:
+        _write(RunFiles(run_dir).result(int(os.environ["RANK"])), value)
+    return value

@@ -1,0 +1,174 @@
+"""The fork server: a fresh Python process that imports torch once, then forks ranks.
+
+Why: a launch that starts interpreters pays ~2 s per rank importing torch (that is most of
+torchrun's and mp.spawn's time on a laptop). Forking from a process that already imported
+torch costs milliseconds, and since this process is started with exec (never a fork of the
+Jupyter kernel) and never initializes CUDA or OpenMP threads itself, forking it is safe even
+when the kernel has touched the GPU.
+
+Protocol (see channel.py), launcher -> server:
+    ("spawn", request_id, RankSpec) + fds [output_pipe_w, lifeline_r]
+    ("signal", pid, signum)        signal a rank's whole process group
+server -> launcher:
+    ("spawned", request_id, pid)
+    ("exited", pid, returncode)    returncode < 0: killed by that signal
+When the launcher goes away (EOF on the socket) every rank is killed and the server exits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+
+from ddp_lab.launch import channel
+
+PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
+           "cloudpickle", "numpy", "ddp_lab.launch.worker")
+# DDP's constructor imports torch._dynamo (~1-3 s per rank). Importing it before the first
+# run would delay every cold start by that much, and importing it while ranks run would
+# delay their exit reports; importing it once the first run is over and the server has sat
+# idle a moment (a notebook between two cells) makes every later DDP run start in a
+# fraction of a second.
+DEFERRED = ("torch._dynamo",)
+IDLE_SECONDS = 0.5
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+class Server:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.children: set[int] = set()
+        self.run_dirs: set[str] = set()  # folders to remove should the launcher die
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.wake_w = wake_w
+        self.deferred: list[str] | None = None  # set by the first spawn, emptied when idle
+
+    def serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ, self._on_message)
+        selector.register(self.wake_r, selectors.EVENT_READ, self._on_sigchld)
+        while True:
+            idle = self.deferred and not self.children
+            events = selector.select(IDLE_SECONDS if idle else None)
+            if not events and self.deferred:
+                importlib.import_module(self.deferred.pop(0))
+            for key, _ in events:
+                if key.data() is False:
+                    return self.shutdown()
+
+    def _on_message(self) -> bool:
+        message, fds = channel.receive(self.sock)
+        if message is None:
+            return False
+        if message[0] == "spawn":
+            self.spawn(message[1], message[2], fds)
+        elif message[0] == "signal":
+            self.signal_group(message[1], message[2])
+        return True
+
+    def _on_sigchld(self) -> bool:
+        os.read(self.wake_r, 4096)
+        return self.reap()
+
+    def spawn(self, request_id: int, spec, fds: list[int]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._become_rank(spec, fds)
+        if self.deferred is None:
+            self.deferred = list(DEFERRED)
+        _setpgid_quietly(pid)  # also done in the child: whichever runs first wins the race
+        for fd in fds:
+            os.close(fd)
+        self.children.add(pid)
+        self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {spec.run_dir}
+        return self._tell(("spawned", request_id, pid))
+
+    def _become_rank(self, spec, fds: list[int]) -> None:
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (self.wake_r, self.wake_w, self.sock.fileno()):
+                os.close(fd)
+            from ddp_lab.launch.worker import rank_main
+            rank_main(spec, output_fd=fds[0], lifeline_fd=fds[1])
+        finally:
+            os._exit(70)  # never fall back into the server loop
+
+    def signal_group(self, pid: int, signum: int) -> None:
+        if pid in self.children:
+            _kill_group(pid, signum)
+
+    def reap(self) -> bool:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            self.children.discard(pid)
+            _kill_group(pid, signal.SIGKILL)  # a rank's own children (DataLoader workers)
+            if not self._tell(("exited", pid, os.waitstatus_to_exitcode(status))):
+                return False
+        return True
+
+    def _tell(self, message: tuple) -> bool:
+        try:
+            channel.send(self.sock, message)
+            return True
+        except OSError:
+            return False  # the launcher is gone
+
+    def shutdown(self) -> None:
+        """The launcher is gone: kill its ranks and remove the run folders it cannot."""
+        for pid in self.children:
+            _kill_group(pid, signal.SIGKILL)
+        for pid in self.children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        for run_dir in self.run_dirs:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _setpgid_quietly(pid: int) -> None:
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # the child already did it, or already exec'd/exited
+
+
+def _kill_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def main(argv: list[str]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    sock = socket.socket(fileno=int(argv[0]))
+    preload()
+    Server(sock).serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,175 @@
+"""Notebook 03's collectives on real ranks, compared with the single-process math."""
+
+from __future__ import annotations
+
+import time
+
+import matplotlib
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddp_lab
+from ddp_lab.course.ch03_collectives import collectives as C
+from ddp_lab.course.ch03_collectives import plots as pictures
+
+pytestmark = pytest.mark.timeout(120)
+
+# Sizes that divide by no world size from 2 to 4, for the collectives that accept unequal parts.
+UNEVEN = {"reduce_scatter": 5, "all_to_all_single": 7}
+
+
+def every_collective(dtype: str) -> list[dict]:
+    """Each collective with its demo's sizes, then with UNEVEN sizes where they apply."""
+    return [{name: demo(dtype=dtype, **({"numel": numel[name]} if name in numel else {}))
+             for name, demo in C.COLLECTIVES.items()} for numel in ({}, UNEVEN)]
+
+
+def reduce_with_every_op() -> dict:
+    ops = {"float32": ["SUM", "PRODUCT", "MIN", "MAX", "AVG"],
+           "int64": ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]}
+    return {(name, op, dtype): C.COLLECTIVES[name](dtype=dtype, op=op)
+            for dtype in ops for op in ops[dtype] for name in sorted(C.REDUCING)}
+
+
+# --- the reference math itself, without processes --------------------------------------------
+
+def test_reference_math_by_hand():
+    befores = [C.rank_values(r, 3) for r in range(4)]
+    assert C.expected("all_reduce", befores)[2].tolist() == [64, 68, 72]
+    at_root, *others = C.expected("reduce", befores, op="MAX")
+    assert at_root.tolist() == [31, 32, 33] and others == [C.ANY] * 3
+    assert C.expected("gather", befores)[1:] == [None] * 3
+    parts = [list(C.rank_values(r, 5).tensor_split(2)) for r in range(2)]
+    assert [t.tolist() for t in C.expected("reduce_scatter", parts)] == [[12, 14, 16], [18, 20]]
+    assert C.expected("all_to_all", [["a0", "a1"], ["b0", "b1"]]) == [["a0", "b0"], ["a1", "b1"]]
+    assert C.combine([torch.tensor([6]), torch.tensor([3])], "BXOR").tolist() == [5]
+    assert C.combine([torch.tensor([1], dtype=torch.int32)] * 2, "SUM").dtype == torch.int32
+
+
+def test_check_names_the_rank_that_breaks_the_math():
+    results = [{"before": C.rank_values(r, 2), "after": C.rank_values(r, 2)} for r in range(2)]
+    with pytest.raises(AssertionError, match="broadcast on 2 ranks, rank 1"):
+        C.check("broadcast", results)
+
+
+# --- every collective on 1 to 4 real ranks --------------------------------------------------
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", ["int64", "int32", "float32"])
+def test_every_collective_matches_reference(world_size, dtype):
+    res = ddp_lab.run(every_collective, world_size, args=(dtype,), echo=False)
+    for sizes in range(2):
+        for name in C.COLLECTIVES:
+            results = [v[sizes][name] for v in res.values]
+            assert all(torch.equal(r["before"], C.rank_values(rank, r["before"].numel(), dtype))
+                       for rank, r in enumerate(results) if isinstance(r["before"], torch.Tensor))
+            C.check(name, results)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_reducing_collectives_with_every_op(world_size):
+    res = ddp_lab.run(reduce_with_every_op, world_size, echo=False)
+    for name, op, dtype in res.values[0]:
+        C.check(name, [v[name, op, dtype] for v in res.values], op=op)
+
+
+def test_reduce_op_table_tries_every_op():
+    table = ddp_lab.run(C.try_reduce_ops, 3, echo=False).values[0]
+    assert set(table) == {(op, d) for op in C.REDUCE_OPS for d in ("float32", "int64")}
+    befores = {d: [C.rank_values(r, 3, d) for r in range(3)] for d in ("float32", "int64")}
+    for (op, dtype), value in table.items():
+        if op in ("SUM", "PRODUCT", "MIN", "MAX"):
+            assert isinstance(value, list), f"{op} {dtype}: {value}"
+        if isinstance(value, list) and op != "PREMUL_SUM":
+            torch.testing.assert_close(torch.tensor(value, dtype=getattr(torch, dtype)),
+                                       C.combine(befores[dtype], op))
+    assert "BAND" in table["BAND", "float32"]  # bitwise on floats: an error, not a number
+    assert C.reduce_op_markdown(table).count("\n") == len(C.REDUCE_OPS) + 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_equivalents_built_from_other_collectives(world_size):
+    for worker in (C.reduce_scatter_via_all_reduce, C.all_to_all_via_scatter):
+        for value in ddp_lab.run(worker, world_size, echo=False).values:
+            torch.testing.assert_close(value["equivalent"], value["builtin"])
+
+
+def test_all_to_all_with_unequal_parts_is_refused_clearly_or_correct():
+    try:
+        res = ddp_lab.run(C.all_to_all_unequal, 3, echo=False)
+    except ddp_lab.WorkerError as err:  # gloo today: a size check before anything is sent
+        assert "alltoall: invalid tensor size" in err.traceback
+    else:
+        C.check("all_to_all", res.values)
+
+
+def test_seed_example_prints_and_returns_what_the_seed_did():
+    ex2 = ddp_lab.run(C.seed_ex2, 3, echo=False)
+    assert [v["all_reduce"] for v in ex2.values] == [33, 33, 33]
+    assert [v["reduce"] for v in ex2.values] == [33, None, None]
+    assert "rank: 2, 2" in ex2.logs[2] and "dist.is_available: True" in ex2.logs[0]
+
+
+# --- the exercise checker -------------------------------------------------------------------
+
+def gather_by_broadcast(t):
+    out = []
+    for src in range(dist.get_world_size()):
+        buf = t.clone() if dist.get_rank() == src else torch.empty_like(t)
+        dist.broadcast(buf, src=src)
+        out.append(buf)
+    return out
+
+
+def only_my_own(t):
+    return [t.clone() for _ in range(dist.get_world_size())]
+
+
+def rank0_busy_elsewhere(t):
+    if dist.get_rank() == 0:
+        time.sleep(60)
+    else:
+        dist.broadcast(t, src=0)
+    return [t]
+
+
+def raises(t):
+    raise ValueError("not implemented yet")
+
+
+def test_exercise_checker_accepts_a_solution_and_explains_mistakes():
+    assert C.check_all_gather(gather_by_broadcast) == "passed on 2, 3, 4 ranks"
+    with pytest.raises(AssertionError, match="with 2 ranks, rank 0: entry 1 is"):
+        C.check_all_gather(only_my_own)
+    with pytest.raises(AssertionError, match=r"(?s)rank \d failed:.*not implemented yet"):
+        C.check_all_gather(raises, world_sizes=(2,))
+    with pytest.raises(AssertionError, match="hung"):
+        C.check_all_gather(rank0_busy_elsewhere, world_sizes=(2,), timeout=2)
+
+
+# --- the pictures, drawn from real results ----------------------------------------------------
+
+def rank_labels(fig) -> list[str]:
+    return [t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("rank ")]
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_tour_matches_and_draws_one_row_per_rank_for_every_collective(world_size):
+    matplotlib.use("Agg")
+    res = ddp_lab.run(C.tour, world_size, echo=False)
+    for name in C.COLLECTIVES:
+        assert "error" not in res.values[0][name], res.values[0][name]
+        C.check(name, [v[name] for v in res.values])
+        fig = pictures.results_picture(name, [v[name] for v in res.values])
+        assert rank_labels(fig) == [f"rank {r}" for r in range(world_size)], name
+        fig.canvas.draw()  # renders without error
+    values_drawn = [t.get_text() for t in
+                    pictures.results_picture("gather", [v["gather"] for v in res.values])
+                    .axes[0].texts]
+    assert values_drawn.count("—") == world_size - 1  # non-root ranks of gather hold nothing
+
+
+def test_timing_bars_one_bar_per_case():
+    fig = pictures.timing_bars({"a": 0.001, "b": 0.002, "c": 0.0005}, "title")
+    assert len(fig.axes[0].patches) == 3 and fig.axes[0].get_title() == "title"

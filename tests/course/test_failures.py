@@ -1,0 +1,200 @@
+"""Notebook 08's failures, provoked on real ranks (and real torchrun), and the fixes checked
+against single-process references."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import wait_until_gone
+from matplotlib.figure import Figure
+
+import ddp_lab
+from ddp_lab.course.ch08_when_it_breaks import crashes, mismatches, recovery, stragglers, uneven_inputs
+from ddp_lab.launch.torchrun.command import TorchrunResult, torchrun
+from ddp_lab.course.ch08_when_it_breaks.plots import recovery_losses, step_times
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# -- no processes ------------------------------------------------------------------------
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_shardings_cover_the_data_as_documented(world_size):
+    size = uneven_inputs.DATASET_SIZE
+    strided = [uneven_inputs.shard_indices("strided", r, world_size) for r in range(world_size)]
+    assert sorted(i for shard in strided for i in shard) == list(range(size))
+    padded = [uneven_inputs.shard_indices("padded", r, world_size) for r in range(world_size)]
+    assert {len(s) for s in padded} == {-(-size // world_size)}
+    assert set().union(*map(set, padded)) == set(range(size))
+    dropped = [uneven_inputs.shard_indices("drop_last", r, world_size) for r in range(world_size)]
+    assert {len(s) for s in dropped} == {size // world_size}
+
+
+def test_only_the_hand_made_split_is_uneven():
+    assert uneven_inputs.batches_per_rank("strided", 3) == [5, 4, 4]
+    assert uneven_inputs.batches_per_rank("padded", 3) == [5, 5, 5]
+    assert uneven_inputs.batches_per_rank("drop_last", 3) == [4, 4, 4]
+    with pytest.raises(ValueError, match="must be one of"):
+        uneven_inputs.shard_indices("sideways", 0, 2)
+
+
+def test_step_times_summaries_leave_out_the_first_step():
+    times = stragglers.StepTimes.from_values([
+        {"rank": 0, "slow": False, "step": [1.0, 0.2, 0.4], "before_backward": [0.5, 0.0, 0.0]},
+        {"rank": 1, "slow": True, "step": [1.0, 0.2, 0.4], "before_backward": [0.5, 0.2, 0.4]},
+    ], delay=0.2)
+    assert times.slow_rank == 1
+    assert times.mean_ms() == pytest.approx([300.0, 300.0])
+    assert times.waiting_ms() == pytest.approx([300.0, 0.0])
+    assert isinstance(step_times(times), Figure)
+
+
+LOG = """I1121 api.py:553]   restart_count=0
+Epoch [0/3] completed. Loss: 2.2633
+rank 1: checkpoint written, now SIGKILL myself (pid 7)
+I1121 api.py:553]   restart_count=1
+Resumed from /tmp/c.pt after epoch 0.
+Epoch [1/3] completed. Loss: 1.3079
+Epoch [2/3] completed. Loss: 0.4337
+"""
+
+
+def test_torchrun_log_says_which_attempt_ran_which_epoch():
+    attempts = recovery.epoch_losses_by_attempt(LOG)
+    assert attempts == {0: {0: 2.2633}, 1: {1: 1.3079, 2: 0.4337}}
+    assert isinstance(recovery_losses([2.2633, 1.3079, 0.4337], attempts), Figure)
+    result = TorchrunResult(("python", "-m", "torch.distributed.run", "x.py"), 0, LOG, 1.0)
+    assert result.shell_command == "torchrun x.py"
+    assert result.section("restart_count=1", "Resumed").splitlines()[-1].startswith("Resumed")
+    assert "Resumed from /tmp/c.pt after epoch 0." in recovery.story(result)
+
+
+def test_error_files_are_read_by_attempt_and_local_rank(tmp_path):
+    record = {"message": {"message": "ValueError: bad batch",
+                          "extraInfo": {"py_callstack": "Traceback\n  ...\nValueError: bad batch",
+                                        "timestamp": "1700000000"}}}
+    folder = tmp_path / "run_abc" / "attempt_1" / "0"
+    folder.mkdir(parents=True)
+    (folder / "error.json").write_text(json.dumps(record))
+    found = crashes.read_error_files(tmp_path)
+    assert list(found) == [(1, 0)]
+    summary = crashes.error_file_summary(found[1, 0])
+    assert summary["message"] == "ValueError: bad batch"
+    assert summary["timestamp"].startswith("1700000000 (2023-11-")
+
+
+# -- uneven inputs -----------------------------------------------------------------------
+def test_uneven_batches_hang_with_rank0_in_backward():
+    with pytest.raises(ddp_lab.WorkerTimeout) as caught:
+        ddp_lab.run(uneven_inputs.uneven_training, 3, args=("barrier",), timeout=8, echo=False)
+    stacks = caught.value.stacks
+    assert caught.value.stuck_ranks == [0, 1, 2]
+    assert "y.backward()" in stacks[0] and "dist.barrier()" not in stacks[0]
+    assert all("dist.barrier()" in stacks[r] for r in (1, 2))
+
+
+def _every_sharding():
+    return {how: uneven_inputs.train(how, use_join=how == "strided")
+            for how in uneven_inputs.SHARDINGS}
+
+
+def test_equal_shards_and_join_match_a_single_process_replay():
+    res = ddp_lab.run(_every_sharding, 3, timeout=60, echo=False)
+    for how in uneven_inputs.SHARDINGS:
+        assert [v[how]["batches"] for v in res] == uneven_inputs.batches_per_rank(how, 3)
+        expected = uneven_inputs.replay(how, 3)
+        for per_rank in res:
+            torch.testing.assert_close(per_rank[how]["weights"], expected)
+
+
+def test_exercise_checker_accepts_agreement_and_rejects_a_plain_loop():
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    def agreed(ddp_model, optimizer, batches):
+        steps = torch.tensor(len(batches))
+        dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+        for x, y in batches[:int(steps)]:
+            optimizer.zero_grad()
+            F.mse_loss(ddp_model(x), y).backward()
+            optimizer.step()
+
+    def plain(ddp_model, optimizer, batches):
+        for x, y in batches:
+            optimizer.zero_grad()
+            F.mse_loss(ddp_model(x), y).backward()
+            optimizer.step()
+
+    assert uneven_inputs.check_stop_together(agreed, world_sizes=(2, 4)).startswith("passed")
+    with pytest.raises(AssertionError, match="same number of steps"):
+        uneven_inputs.check_stop_together(plain, world_sizes=(2,), timeout=5)
+
+
+# -- stragglers --------------------------------------------------------------------------
+def test_straggler_script_reports_every_rank_and_marks_the_slow_one():
+    times = stragglers.measure(world_size=3, delay=0.02, steps=3)
+    assert times.slow_rank == 2 and len(times.step) == 3
+    assert all(len(row) == 3 for row in times.step + times.before_backward)
+    assert all(b >= 0.02 for b in times.before_backward[2])  # it did sleep
+
+
+def test_process_group_timeout_shorter_than_the_straggler_fails_in_gloo_words():
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        ddp_lab.run_script(stragglers.SCRIPT, 3, timeout=30, echo=False, script_args=
+                           stragglers.straggler_args(delay=1.5, steps=1, pg_timeout=1.0))
+    assert "Timed out waiting 1000ms" in str(caught.value)
+    assert caught.value.rank != 2  # the victims raise the timeout, not the straggler
+
+
+# -- mismatched collectives -------------------------------------------------------------
+def test_mismatches_by_default_and_under_detail():
+    assert mismatches.try_mismatch("op")[0] == "hang"
+    outcome, line = mismatches.try_mismatch("dtype", mismatches.DETAIL)
+    assert outcome == "error" and "Detected mismatch between collectives" in line
+    assert mismatches.try_mismatch("dtype")[0] == "crash"
+    assert mismatches.try_mismatch("reduce op", mismatches.DETAIL)[0] == "no error"
+
+
+def test_monitored_barrier_names_every_missing_rank():
+    values = ddp_lab.run(mismatches.stuck_ranks_at_barrier, 4, timeout=30, echo=False).values
+    assert "Ranks 1, 3 failed to pass monitoredBarrier" in values[0]
+    assert values[1] == values[3] == "was busy elsewhere"
+
+
+# -- crashes under ddp_lab and torchrun --------------------------------------------------
+def test_crash_names_the_root_cause_and_its_knock_on_peers():
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        ddp_lab.run_script(crashes.SCRIPT, 3, script_args=crashes.crash_args(1, 1), echo=False)
+    assert caught.value.rank == 1 and sorted(caught.value.knock_on) == [0, 2]
+    assert "corrupt batch" in caught.value.traceback
+
+
+def test_torchrun_error_files_hold_the_root_cause():
+    crash = crashes.crash_under_torchrun(nproc=2, crash_rank=1, crash_step=1)
+    assert crash.result.returncode not in (0, None)
+    assert "Root Cause (first observed failure)" in crash.summary
+    assert "ValueError: rank 1 read a corrupt batch at step 1" in crash.summary
+    assert "ValueError" in crash.error_files[0, 1]["message"]["message"]
+    assert crash.result.stopped == ()  # torchrun had stopped its workers itself
+
+
+def test_torchrun_past_its_timeout_is_stopped_with_all_its_workers():
+    result = torchrun([stragglers.SCRIPT, *stragglers.straggler_args(delay=60, steps=1)], 2,
+                      timeout=6)
+    assert result.returncode is None
+    assert len(result.stopped) >= 3, "expected the agent and both workers to be running"
+    assert wait_until_gone(result.stopped) == []
+
+
+# -- recovery ----------------------------------------------------------------------------
+def test_killed_and_restarted_training_ends_bit_identical(tmp_path):
+    killed = recovery.killed_once_under_torchrun(tmp_path / "killed.pt")
+    assert killed.returncode == 0, killed.output[-3000:]
+    attempts = recovery.epoch_losses_by_attempt(killed.output)
+    assert sorted(attempts) == [0, 1] and sorted(attempts[1]) == [1, 2]
+    assert "Resumed from" in killed.output
+    reference = recovery.uninterrupted(tmp_path / "reference.pt", echo=False)
+    assert reference[0]["epochs_run"] == [0, 1, 2]
+    torch.testing.assert_close(recovery.final_weights(tmp_path / "killed.pt"),
+                               reference[0]["final_weights"], rtol=0, atol=0)

@@ -1,0 +1,149 @@
+"""Notebook 02's demos on real ranks, compared with the arithmetic they should produce."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddp_lab
+from ddp_lab.course.ch02_point_to_point import point_to_point as p2p
+from ddp_lab.course.ch02_point_to_point.plots import latency_bandwidth
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run(fn, world_size, *args, **kwargs):
+    return ddp_lab.run(fn, world_size=world_size, args=args, kwargs=kwargs, timeout=30,
+                       echo=False).values
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_nonblocking_send_recv_delivers_rank0_tensor_everywhere(world_size):
+    assert run(p2p.nonblocking_send_recv, world_size) == [1.0] * world_size
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_recv_from_any_hears_every_other_rank_once(world_size):
+    arrivals = run(p2p.recv_from_any, world_size)[0]
+    assert sorted(arrivals) == [(r, 10.0 * r) for r in range(1, world_size)]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_ring_token_matches_closed_form(world_size, dtype):
+    numel = 7  # not a multiple of any world size here
+    values = run(p2p.ring_token, world_size, numel=numel, dtype=dtype)
+    start = torch.arange(numel).to(dtype)
+    passed_on = [start + r * (r + 1) // 2 for r in range(world_size)]
+    home = start + world_size * (world_size - 1) // 2
+    torch.testing.assert_close(values[0], home)
+    for rank in range(1, world_size):
+        torch.testing.assert_close(values[rank], passed_on[rank])
+
+
+@pytest.mark.parametrize("fix", [p2p.even_odd_exchange, p2p.nonblocking_exchange,
+                                 p2p.batched_exchange])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_deadlock_fixes_receive_the_left_neighbour(fix, world_size):
+    expected = [(rank - 1) % world_size for rank in range(world_size)]
+    assert run(fix, world_size, 1000) == expected
+
+
+def test_deadlock_fixes_handle_large_messages():
+    assert run(p2p.nonblocking_exchange, 3, 4 << 20) == [2, 0, 1]
+
+
+@pytest.mark.parametrize("world_size, nbytes", [(2, 1), (3, 4 << 20)])
+def test_send_then_recv_deadlocks_with_every_rank_in_send(world_size, nbytes):
+    with pytest.raises(ddp_lab.WorkerTimeout) as caught:
+        ddp_lab.run(p2p.send_then_recv, world_size=world_size, args=(nbytes,), timeout=1.5,
+                    echo=False)
+    assert caught.value.stuck_ranks == list(range(world_size))
+    assert all("dist.send(" in stack and "dist.recv(" not in stack
+               for stack in caught.value.stacks.values())
+
+
+def test_a_socket_buffers_sends_nobody_reads_yet():
+    assert p2p.socket_accepts_unread() > 64 * 1024
+
+
+SMALL_SWEEP = p2p.PingPongConfig(sizes=(1, 16, 256, 4096, 65536), repeats=2)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ping_pong_measures_every_size(world_size):
+    result = p2p.measure_ping_pong(SMALL_SWEEP, world_size=world_size)
+    assert result.sizes == list(SMALL_SWEEP.sizes)
+    assert all(len(result.round_trips[s]) == 2 for s in result.sizes)
+    assert all(t > 0 for t in result.latency) and all(b > 0 for b in result.bandwidth)
+    assert result.peak_bandwidth == max(result.bandwidth) and result.alpha > 0
+
+
+def test_bandwidth_figure_has_a_point_per_size():
+    result = p2p.measure_ping_pong(SMALL_SWEEP)
+    fig = latency_bandwidth(result)
+    time_ax, bw_ax = fig.axes
+    assert len(bw_ax.lines[0].get_xdata()) == len(SMALL_SWEEP.sizes)
+    fastest = [line for line in time_ax.lines if line.get_label().startswith("fastest")]
+    assert list(fastest[0].get_xdata()) == list(SMALL_SWEEP.sizes)
+
+
+def test_ping_pong_arithmetic():
+    result = p2p.PingPong({1024: [4e-5], 1: [3e-5, 2e-5], 16: [1e-5], 1 << 20: [2e-3, 1e-3]})
+    assert result.sizes == [1, 16, 1024, 1 << 20]
+    assert result.latency == [1e-5, 5e-6, 2e-5, 5e-4]
+    assert result.bandwidth == pytest.approx([1e5, 16 / 5e-6, 1024 / 2e-5, (1 << 20) / 5e-4])
+    assert result.alpha == 5e-6 and result.peak_bandwidth == pytest.approx((1 << 20) / 5e-4)
+    assert result.half_bandwidth_size == pytest.approx(5e-6 * (1 << 20) / 5e-4)
+    assert "1 MiB" in result.table()
+
+
+@pytest.mark.parametrize("n, text", [(1, "1 B"), (1023, "1023 B"), (4096, "4 KiB"),
+                                     (3 << 19, "1.5 MiB"), (64 << 20, "64 MiB")])
+def test_format_bytes(n, text):
+    assert p2p.format_bytes(n) == text
+
+
+def ring_all_gather(tensor):
+    """A correct solution, the way a learner would write it in the notebook."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = [torch.empty_like(tensor) for _ in range(world)]
+    out[rank] = tensor.clone()
+    for step in range(world - 1):
+        ops = [dist.P2POp(dist.isend, out[(rank - step) % world], (rank + 1) % world),
+               dist.P2POp(dist.irecv, out[(rank - step - 1) % world], (rank - 1) % world)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+    return out
+
+
+def only_my_own(tensor):
+    return [tensor] * dist.get_world_size()
+
+
+def uses_the_collective(tensor):
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor)
+    return out
+
+
+def sends_first(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.send(tensor, (rank + 1) % world)
+    return [tensor]
+
+
+def test_checker_accepts_a_ring_all_gather():
+    assert "passed on 2, 3, 4 ranks" in p2p.check_all_gather(ring_all_gather)
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (only_my_own, "item [1] should be rank 1's tensor"),
+    (uses_the_collective, "builds all_gather out of send/recv"),
+    (sends_first, "your function hung on 2 ranks"),
+])
+def test_checker_explains_what_is_wrong(wrong, hint):
+    with pytest.raises(AssertionError) as caught:
+        p2p.check_all_gather(wrong, world_sizes=(2,), timeout=2)
+    assert hint in str(caught.value)

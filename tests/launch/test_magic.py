@@ -1,0 +1,116 @@
+"""%%ddp in a real kernel: values back, variables pushed, errors at the cell's line,
+progress in place, interrupts, and usage errors before any process starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import wait_until_gone
+from kernel_helpers import execute, start_kernel
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    manager, client = start_kernel(tmp_path_factory.mktemp("magic"))
+    kernel_pid = manager.provisioner.process.pid
+    try:
+        assert execute(client, "import ddp_lab\n%load_ext ddp_lab").ok
+        yield manager, client
+    finally:
+        helpers = [p.pid for p in psutil.Process(kernel_pid).children(recursive=True)]
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+        assert wait_until_gone(helpers + [kernel_pid]) == []
+
+
+def test_return_and_push(kernel):
+    _, client = kernel
+    assert execute(client, "scale = 2.0").ok
+    run = execute(client, """\
+        %%ddp -n 3 --return total,me --push scale
+        t = torch.tensor([float(rank)]) * scale
+        dist.all_reduce(t)
+        total, me = t.item(), rank
+        print("total", total)
+    """)
+    assert run.ok, run.error
+    assert "[rank 2] total 6.0" in run.printed
+    check = execute(client, "assert total == [6.0, 6.0, 6.0] and me == [0, 1, 2], (total, me)")
+    assert check.ok, check.error
+
+
+def test_error_points_at_the_cell_line(kernel):
+    _, client = kernel
+    run = execute(client, """\
+        %%ddp -n 2
+        x = 1
+        if rank == 1:
+            raise ValueError("bad on purpose")
+        dist.barrier()
+    """)
+    assert run.error["ename"] == "WorkerError"
+    shown = "\n".join(run.error["traceback"])
+    assert "rank 1 failed" in shown and 'line 3, in <module>' in shown
+    assert 'raise ValueError("bad on purpose")' in shown
+    assert "interactiveshell.py" not in shown  # the launcher's frames stay hidden
+
+
+def test_timeout_shows_where_each_rank_waits(kernel):
+    _, client = kernel
+    run = execute(client, """\
+        %%ddp -n 2 --timeout 2
+        import time
+        if rank == 0:
+            time.sleep(600)
+        dist.barrier()
+    """)
+    assert run.error["ename"] == "WorkerTimeout"
+    shown = "\n".join(run.error["traceback"])
+    assert "time.sleep(600)" in shown and "in barrier" in shown
+
+
+def test_progress_updates_in_place_and_ends_as_a_line(kernel):
+    _, client = kernel
+    run = execute(client, """\
+        %%ddp -n 2
+        import time, ddp_lab
+        for step in ddp_lab.launch.progress(range(20), desc="train"):
+            time.sleep(0.05)
+    """)
+    assert run.ok, run.error
+    assert any("[rank 0] train:" in d for d in run.displays)
+    assert "[rank 0] train: 100%" in run.printed
+    assert "[rank 1] train" not in run.printed + "".join(run.displays)  # rank 0 only
+
+
+@pytest.mark.parametrize("cell, words", [
+    ("%%ddp --bogus\npass", "unrecognized arguments: --bogus"),
+    ("%%ddp -n two\npass", "invalid int value"),
+    ("%%ddp --push not_defined_here\npass", "not_defined_here not defined"),
+    ("%%ddp -n 0\npass", "world_size must be at least 1"),
+])
+def test_usage_errors(kernel, cell, words):
+    _, client = kernel
+    run = execute(client, cell)
+    shown = run.printed + "\n".join((run.error or {}).get("traceback", []))
+    assert words in shown
+
+
+def test_interrupt_stops_every_rank(kernel, tmp_path):
+    manager, client = kernel
+    client.execute(f"""%%ddp -n 2 --timeout 600
+import os, time, pathlib
+pathlib.Path({str(tmp_path)!r}, f"rank{{rank}}.pid").write_text(str(os.getpid()))
+time.sleep(600)
+""")
+    from test_faults import _wait_for_pids
+    pids = _wait_for_pids(Path(tmp_path), 2)
+    manager.interrupt_kernel()
+    reply = client.get_shell_msg(timeout=60)["content"]
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert wait_until_gone(pids, seconds=5) == []

@@ -1,0 +1,101 @@
+"""Pure functions of the launcher, no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_lab.launch.heartbeat import describe_ranks
+from ddp_lab.launch.errors import short_message
+from ddp_lab.launch.outcome import looks_like_knock_on
+from ddp_lab.launch.stacks import format_dump, waiting_in
+from ddp_lab.launch.session import threads_per_rank
+
+DUMP = '''Thread 0x00007f0000000001 (most recent call first):
+  File "/x/ddp_lab/launch/worker.py", line 90 in watch
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/site/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/site/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/tmp/ipykernel_1/123.py", line 7 in uneven_work
+  File "/x/ddp_lab/launch/worker.py", line 130 in _call_function
+  File "/x/ddp_lab/launch/zygote.py", line 90 in _become_rank
+  File "<frozen runpy>", line 88 in _run_code
+'''
+
+
+def test_stack_dump_is_oldest_first_without_launcher_frames():
+    text = format_dump(DUMP)
+    lines = [l for l in text.splitlines() if l.strip().startswith("File")]
+    assert [l.split(" in ")[-1] for l in lines] == ["uneven_work", "wrapper", "all_reduce"]
+    assert "watch" not in text and "zygote" not in text
+    assert waiting_in(text) == "all_reduce"
+
+
+def test_stack_dump_quotes_source_from_linecache(tmp_path):
+    import linecache
+    linecache.cache["<cell 9>"] = (20, None, ["x = 1\n", "dist.barrier()\n"], "<cell 9>")
+    dump = 'Current thread 0x1 (most recent call first):\n  File "<cell 9>", line 2 in f\n'
+    assert "    dist.barrier()" in format_dump(dump)
+
+
+@pytest.mark.parametrize("ranks, text", [([3], "rank 3"), ([0, 1, 2, 3], "ranks 0-3"),
+                                         ([0, 2], "ranks 0, 2")])
+def test_describe_ranks(ranks, text):
+    assert describe_ranks(ranks) == text
+
+
+def test_gloo_prefix_is_dropped_and_long_messages_cut_at_a_word():
+    msg = "[/__w/pytorch/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1. " + "x " * 100
+    short = short_message(msg)
+    assert short.startswith("Connection closed by peer") and short.endswith(" ...")
+    assert len(short) <= 124
+
+
+def test_knock_on_errors_are_recognised():
+    assert looks_like_knock_on({"type": "RuntimeError", "message": "Connection reset by peer"})
+    assert not looks_like_knock_on({"type": "ValueError", "message": "bad batch"})
+    assert not looks_like_knock_on(None)
+
+
+def test_threads_per_rank_never_below_one():
+    assert threads_per_rank(1000) == 1
+    assert threads_per_rank(1) >= 1
+
+
+def test_visible_text_keeps_what_a_terminal_shows():
+    from ddp_lab.launch.echo import visible_text
+    assert visible_text(b"\r 10%|#|\r 20%|##|") == " 20%|##|"
+    assert visible_text(b"windows line\r") == "windows line"
+    assert visible_text(b"plain") == "plain"
+
+
+def test_terminal_progress_is_throttled_per_rank(capsys, monkeypatch):
+    from ddp_lab.launch import echo
+    clock = iter([0.0, 1.0, 6.0, 6.5])
+    monkeypatch.setattr(echo.time, "monotonic", lambda: next(clock))
+    out = echo.PlainEcho()
+    for text in ("10%", "20%", "70%"):
+        out.status(0, text)
+    out.status(1, "5%")
+    assert capsys.readouterr().out.splitlines() == ["[rank 0] 10%", "[rank 0] 70%",
+                                                    "[rank 1] 5%"]
+
+
+def test_magic_line_parsing():
+    from ddp_lab.launch.magic import names, parse_magic_line
+    options = parse_magic_line("-n 3 --timeout 5 --return a,b --push x --backend gloo")
+    assert (options.world_size, options.timeout, options.backend) == (3, 5.0, "gloo")
+    assert names(options.returns) == ("a", "b") and names(options.push) == ("x",)
+    assert parse_magic_line("").world_size == 2
+
+
+def test_rank_output_is_split_into_whole_lines_and_progress():
+    from ddp_lab.launch.ranks import RankState
+    state = RankState(0)
+    assert state.feed(b"hel") == ([], None)
+    assert state.feed(b"lo\nwor") == (["hello"], None)
+    assert state.feed(b"ld\n\r 10%|#") == (["world"], " 10%|#")
+    assert state.feed(b"|\r 50%|##|") == ([], " 50%|##|")
+    assert state.feed(b"\r100%|###|\n") == (["100%|###|"], None)
+    assert state.lines == ["hello", "world", "100%|###|"]

@@ -1,0 +1,82 @@
+"""The ddp-lab command: doctor, run, bench launch (as a user types them)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ddp_lab.tools.bench_launch import LaunchTimes, format_report
+from ddp_lab.tools.cli import main
+from ddp_lab.course.ch00_launching.plots import launch_latency
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_doctor_gives_a_verdict(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "backends: gloo yes" in out and "[ok] 2-rank all_reduce" in out
+    assert "READY" in out
+
+
+def test_run_demo_prints_tagged_output_and_values(capsys):
+    assert main(["run", "all_reduce", "-n", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "[rank 2] after all_reduce: [3.0]" in out
+    assert "rank 1 returned: [3.0]" in out
+
+
+def test_run_demo_failure_exits_nonzero_with_the_root_cause(capsys):
+    assert main(["run", "crash", "-n", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "rank 1 failed" in err and "read a corrupt batch" in err
+
+
+def test_unknown_demo_lists_the_choices(capsys):
+    assert main(["run", "nope"]) == 1
+    assert "choose one of: all_gather, all_reduce, all_to_all" in capsys.readouterr().err
+
+
+def test_bench_launch_reports_every_launcher_and_the_ratios():
+    out = subprocess.run([sys.executable, "-m", "ddp_lab", "bench", "launch", "-n", "2",
+                          "--repeats", "1", "--warm-repeats", "2"],
+                         capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stderr
+    for launcher in ("torchrun", "mp.spawn script", "ddp_lab cold", "ddp_lab warm"):
+        assert launcher in out.stdout
+    assert "faster than torchrun (target >= 15x)" in out.stdout
+    assert "torchrun's time (target <= 0.6x)" in out.stdout
+
+
+def test_report_and_figure_come_from_the_measurements():
+    times = LaunchTimes(4, {"torchrun": [4.0, 5.0], "mp.spawn script": [4.5],
+                            "ddp_lab cold": [2.0], "ddp_lab warm": [0.1, 0.2, 0.3]})
+    assert times.warm_speedup == pytest.approx(22.5)
+    assert times.cold_ratio == pytest.approx(2.0 / 4.5)
+    report = format_report(times)
+    assert "22.5x faster" in report and ": met" in report
+    fig = launch_latency(times)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(times.seconds)
+    assert [round(p.get_width(), 3) for p in ax.patches] == [4.5, 4.5, 2.0, 0.2]
+
+
+def test_bench_allreduce_prints_the_table_and_saves_the_figures(tmp_path, capsys):
+    code = main(["bench", "allreduce", "-n", "2", "--sizes", "1024", "65536",
+                 "--repeats", "2", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "ring" in out and "gloo" in out
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "allreduce_bytes.png", "allreduce_curves.png", "allreduce_threads.png"]
+
+
+def test_bench_ddp_ends_with_the_scaling_line(capsys):
+    code = main(["bench", "ddp", "--steps", "2", "--repeats", "1", "--batch", "4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "ranks  samples/s  speed-up" in out
+    assert re.search(r"^scaling 1->2 ranks: \d+\.\d\dx samples/s$", out.strip().splitlines()[-1])
