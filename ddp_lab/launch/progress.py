@@ -1,4 +1,4 @@
-"""``ddp_lab.launch.progress(iterable)``: one progress bar for the whole run, not one per rank.
+"""``ddp_lab.progress(iterable)``: one progress bar for the whole run, not one per rank.
 
 Every rank iterates in lockstep in data-parallel code, so N bars would say the same thing N
 times and fight over the same lines. The bar is drawn by rank 0 only (tqdm), on stderr,

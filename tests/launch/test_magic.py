@@ -79,7 +79,7 @@ def test_progress_updates_in_place_and_ends_as_a_line(kernel):
     run = execute(client, """\
         %%ddp -n 2
         import time, ddp_lab
-        for step in ddp_lab.launch.progress(range(20), desc="train"):
+        for step in ddp_lab.progress(range(20), desc="train"):
             time.sleep(0.05)
     """)
     assert run.ok, run.error

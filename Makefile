@@ -1,0 +1,40 @@
+# Two commands on a fresh machine, both idempotent (a second run only does what changed):
+#   make course   set up .venv, then execute every notebook headless (build/index.html)
+#   make test     set up .venv, then run the test suite (what CI runs, via .ci/run)
+# `make setup` alone builds the environment; `make clean` removes it and build/.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+BIN := $(VENV)/bin
+
+# torch first, pinned: left to `pip install -e .`, the wide `torch>=2.1` requirement resolves
+# to the newest PyPI build with several GB of CUDA libraries. On a machine without an NVIDIA
+# GPU whose pip has no index of its own configured, take the CPU wheel from PyTorch's index;
+# otherwise trust pip (a GPU machine gets the CUDA build; a configured mirror is used as is).
+# Override with `make test TORCH_INDEX=URL` (or TORCH_INDEX= for plain pip).
+PIP_HAS_INDEX := $(shell $(PYTHON) -m pip config list 2>/dev/null | grep -E 'index-url|find-links')
+TORCH_INDEX ?= $(if $(shell command -v nvidia-smi)$(PIP_HAS_INDEX),,https://download.pytorch.org/whl/cpu)
+TORCH_FROM := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+
+.PHONY: setup course test clean
+
+setup: $(VENV)/.installed
+
+# Rebuilt when the dependencies change; the stamp makes a second `make` a no-op.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" $(TORCH_FROM)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@$(BIN)/python -c 'import sys, torch; print("python:", sys.executable, "torch:", torch.__version__)'
+	@touch $@
+
+course: setup
+	$(BIN)/ddp-lab notebooks
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build

@@ -1,0 +1,145 @@
+"""The architecture, as rules a change cannot break quietly: the package's rooms, which room
+may import which, module size, no import cycles, and no citation of notes readers lack."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "ddp_lab"
+MAX_LINES = 300
+# Who may import whom: the launcher stands alone; the course uses the launcher and runs the
+# worker scripts (which train with the course's code); tools may use all. Nothing imports tools.
+ALLOWED = {
+    "launch": {"launch"},
+    "course": {"launch", "course", "scripts"},
+    "scripts": {"launch", "course", "scripts"},
+    "tools": {"launch", "course", "scripts", "tools"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, top_level_only: bool = False) -> set[str]:
+    """Every ``ddp_lab`` module a file imports (``from ddp_lab.x import y`` counts ``y`` when
+    ``ddp_lab.x.y`` is a module), at module level only if asked."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("ddp_lab")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddp_lab"):
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules()
+                      else node.module for a in node.names}
+    return found
+
+
+def room(module: str) -> str | None:
+    """launch, course, tools or scripts; None for the package's own __init__/__main__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
+
+
+def chapter(module: str) -> str | None:
+    parts = module.split(".")
+    is_chapter = len(parts) > 2 and parts[1] == "course" and re.fullmatch(r"ch\d\d_\w+", parts[2])
+    return parts[2] if is_chapter else None
+
+
+def test_top_level_holds_only_the_rooms():
+    entries = {p.name for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    assert entries == {"__init__.py", "__main__.py", *ALLOWED}, entries
+
+
+def test_every_chapter_folder_is_named_after_its_notebook():
+    notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    chapters = {p.name[2:4] for p in (PACKAGE / "course").glob("ch[0-9][0-9]_*")}
+    assert chapters == notebooks
+    for folder in (PACKAGE / "course").glob("ch[0-9][0-9]_*"):
+        assert (folder / "__init__.py").exists(), folder
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_module_imports_only_what_its_room_allows(name):
+    own_room, own_chapter = room(name), chapter(name)
+    for imported in imports_of(modules()[name]):
+        if own_room is None or room(imported) is None:
+            continue
+        assert room(imported) in ALLOWED[own_room], f"{name} imports {imported}"
+        if own_chapter and chapter(imported):
+            assert chapter(imported) == own_chapter, f"chapter {name} imports {imported}"
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_module_is_small(name):
+    lines = len(modules()[name].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name}: {lines} lines; split it by concept"
+
+
+def test_no_import_cycle():
+    graph = {name: {i for i in imports_of(path, top_level_only=True) if i in modules()}
+             for name, path in modules().items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as a path that returns to its start, or None (depth-first)."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+CITATION = re.compile(r"\bseeds? 0\d\d|\bseed's\b|\bthe seeds?\b(?! (of|for|that|value))", re.I)
+
+
+def texts():
+    for path in sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py")):
+        if path != Path(__file__):
+            yield path, path.read_text()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        yield path, "\n".join("".join(cell["source"]) for cell in cells)
+    yield ROOT / "README.md", (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("path,text", list(texts()), ids=lambda v: getattr(v, "name", ""))
+def test_no_citation_of_the_source_notes(path, text):
+    """Readers have no copy of the notes the course was written from: describe the situation
+    and link upstream instead of "seed 001"."""
+    hits = [m.group(0) for m in CITATION.finditer(text)]
+    assert not hits, f"{path.name}: {hits}"
