@@ -1,4 +1,5 @@
-"""Checkpoints the way the DDP tutorial (seed 002) writes them, made safe to resume from.
+"""Checkpoints the way PyTorch's DDP tutorial writes them, made safe to resume from.
+(https://pytorch.org/tutorials/intermediate/ddp_tutorial.html#save-and-load-checkpoints)
 
 Rank 0 writes (every rank holds the same weights, so one copy is enough), through a
 temporary file and ``os.replace`` so a rank killed mid-write never leaves a half checkpoint

@@ -6,7 +6,10 @@ import torch.nn as nn
 
 
 class ToyModel(nn.Module):
-    """The model of PyTorch's DDP tutorial (seeds 002, 004): Linear(10,10) - ReLU - Linear(10,5)."""
+    """The model of PyTorch's DDP tutorial: Linear(10,10) - ReLU - Linear(10,5).
+
+    https://pytorch.org/tutorials/intermediate/ddp_tutorial.html
+    """
 
     def __init__(self):
         super().__init__()
@@ -19,7 +22,7 @@ class ToyModel(nn.Module):
 
 
 class ToyMpModel(nn.Module):
-    """The seed's model-parallel ToyModel (seed 002): net1 on ``dev0``, net2 on ``dev1``.
+    """The DDP tutorial's model-parallel ToyModel: net1 on ``dev0``, net2 on ``dev1``.
 
     Each DDP rank owns two devices; activations move between them in forward and autograd
     moves the gradients back. On a CPU-only machine both devices are ``"cpu"``: the code path

@@ -1,4 +1,4 @@
-"""Data-parallel training of DigitsCNN: the seed's ``elastic_ddp_cnn.py`` as a library.
+"""Data-parallel training of DigitsCNN: a typical torchrun MNIST CNN script, as a library.
 
 ``train(config)`` runs inside an initialized process group, so the same code serves
 ``ddp_lab.run``, ``ddp_lab.run_script``, plain ``torchrun`` and multi-node torchrun.
@@ -48,7 +48,7 @@ def rank_device() -> torch.device:
     """This rank's GPU (from LOCAL_RANK) under NCCL, else the CPU.
 
     ``set_device`` comes before the model is built so that rank r never creates a CUDA
-    context or allocates on GPU 0 (seed 001's "extra memory on GPU 0").
+    context or allocates on GPU 0 (https://github.com/pytorch/examples/issues/969).
     """
     if dist.get_backend() != "nccl":
         return torch.device("cpu")
@@ -151,7 +151,8 @@ def _summary(history: dict, samples: int, accuracy: float, model) -> dict:
 
 
 def _log(line: str, bar=None) -> None:
-    """Rank 0 speaks for the job, as in the seed's log; above the bar when there is one."""
+    """Rank 0 speaks for the job (``Epoch [e/E], Batch [b/B], Loss: x``, the usual MNIST
+    script's log lines); above the bar when there is one."""
     if dist.get_rank() != 0:
         return
     if bar is not None and not bar.disable:

@@ -11,8 +11,9 @@ import linecache
 from dataclasses import replace
 
 from ddp_lab.launch import checks
+from ddp_lab.launch.config import LaunchConfig
 from ddp_lab.launch.outcome import RunResult, conclude
-from ddp_lab.launch.session import LaunchConfig, Session
+from ddp_lab.launch.session import Session
 from ddp_lab.launch.spawner import get_fork_server
 
 
@@ -91,7 +92,7 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
     with Session(config, payload) as session:
         session.start()
         session.wait()
-        return conclude(session)
+        return conclude(session.record())
 
 
 def _checked_backend(config: LaunchConfig) -> LaunchConfig:

@@ -1,6 +1,7 @@
-"""Where the ranks' output goes while a run is going: one ``[rank N]`` line per line, never
-two ranks in one line, and progress bars (``\\r`` updates, as tqdm writes) that stay
-readable in a notebook, a terminal and a CI log.
+"""Where the ranks' output goes while a run is going: one ``[rank N]`` line per line (an
+agent's own lines behind its label, ``[torchrun]``, ``[node0]``), never two ranks in one
+line, and progress bars (``\\r`` updates, as tqdm writes) that stay readable in a notebook,
+a terminal and a CI log.
 
 In a Jupyter kernel the latest progress of every rank lives in one display area updated
 in place; elsewhere it is printed as an ordinary line at most every few seconds (a redrawn
@@ -24,9 +25,16 @@ class PlainEcho:
     def __init__(self):
         self.last_status_at: dict[int, float] = {}
 
-    def line(self, rank: int, text: str) -> None:
-        sys.stdout.write(f"[rank {rank}] {text}\n")
+    def line(self, rank: int | str, text: str) -> None:
+        sys.stdout.write(f"[{tag(rank)}] {text}\n")
         sys.stdout.flush()
+
+    def show(self, rank: int, lines: list[str], status: str | None = None) -> None:
+        """What one read brought for a rank (see ``output.Output``)."""
+        for text in lines:
+            self.line(rank, text)
+        if status is not None:
+            self.status(rank, status)
 
     def status(self, rank: int, text: str) -> None:
         now = time.monotonic()
@@ -65,7 +73,7 @@ class NotebookEcho(PlainEcho):
 
     def _render(self) -> None:
         from IPython.display import display
-        shown = {"text/plain": "\n".join(f"[rank {r}] {t}" for r, t in sorted(self.statuses.items()))}
+        shown = {"text/plain": "\n".join(f"[{tag(r)}] {t}" for r, t in sorted(self.statuses.items()))}
         if self.handle is None:
             self.handle = display(shown, raw=True, display_id=True)
         else:
@@ -77,11 +85,16 @@ class NotebookEcho(PlainEcho):
 
 
 class SilentEcho(PlainEcho):
-    def line(self, rank: int, text: str) -> None:
+    def line(self, rank: int | str, text: str) -> None:
         pass
 
     def status(self, rank: int, text: str) -> None:
         pass
+
+
+def tag(owner: int | str) -> str:
+    """``rank 3`` for a rank; a label (``torchrun``, ``node0``) as it is."""
+    return f"rank {owner}" if isinstance(owner, int) else owner
 
 
 def make_echo(enabled: bool) -> PlainEcho:
@@ -94,10 +107,3 @@ def in_notebook_kernel() -> bool:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython else None
     return shell is not None and hasattr(shell, "kernel")
-
-
-def visible_text(raw: bytes) -> str:
-    """What a terminal would show for a line with carriage returns: its last non-empty
-    ``\\r`` segment (tqdm redraws a bar by writing ``\\r`` and the new bar)."""
-    segments = [s for s in raw.split(b"\r") if s.strip()]
-    return (segments[-1] if segments else b"").decode("utf-8", "replace")

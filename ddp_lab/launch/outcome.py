@@ -1,4 +1,4 @@
-"""What a finished session amounts to: the ranks' values, or the error that explains it.
+"""What a finished run amounts to: the ranks' values, or the error that explains it.
 
 The root cause of a crash is the rank that failed first for a reason of its own; ranks whose
 error is a broken connection (the usual way a peer's death shows up in gloo or NCCL), or
@@ -7,12 +7,13 @@ that the launcher stopped, are knock-on failures listed after it.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 
+from ddp_lab.launch.config import read_pickle
 from ddp_lab.launch.errors import (DistributedRunError, WorkerError, WorkerTimeout, describe_exit,
                             short_message)
 from ddp_lab.launch.heartbeat import describe_ranks
+from ddp_lab.launch.record import RankRecord, RunRecord
 from ddp_lab.launch.stacks import describe_crash
 
 KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
@@ -49,24 +50,25 @@ class RunResult:
                 f"seconds={self.seconds:.2f}, values={shown})")
 
 
-def conclude(session) -> RunResult:
+def conclude(run: RunRecord) -> RunResult:
+    """The values in rank order, or raise the error that explains why there are none."""
     __tracebackhide__ = True
-    logs = session.logs()
-    if session.timed_out:
-        stuck = sorted(session.stacks)
-        raise WorkerTimeout(session.config.timeout, stuck, session.stacks, logs)
-    failed = [s for s in session.ranks if s.exitcode != 0]
+    logs = run.logs()
+    if run.timed_out:
+        stuck = sorted(run.stacks)
+        raise WorkerTimeout(run.config.timeout, stuck, dict(run.stacks), logs)
+    failed = [s for s in run.ranks if s.exitcode != 0]
     if failed:
-        raise _worker_error(session, failed, logs)
-    values = [_load(session.files.result(s.rank)) for s in session.ranks]
-    return RunResult(values, logs, session.seconds, session.config.backend)
+        raise _worker_error(run, failed, logs)
+    values = [read_pickle(run.files.result(s.rank)) for s in run.ranks]
+    return RunResult(values, logs, run.seconds, run.config.backend)
 
 
-def _worker_error(session, failed, logs) -> DistributedRunError:
+def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> DistributedRunError:
     if any(s.exitcode is None for s in failed):
         return DistributedRunError("the ddp_lab fork server died during the run; every rank "
                                    "was stopped. Run again: a new one is started.")
-    records = {s.rank: _load(session.files.error(s.rank)) for s in failed}
+    records = {s.rank: read_pickle(run.files.error(s.rank)) for s in failed}
     logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
             for r, log in enumerate(logs)]
     root = _root_cause(failed, records)
@@ -79,21 +81,21 @@ def _worker_error(session, failed, logs) -> DistributedRunError:
     record = records.get(root.rank)
     trace = record["traceback"] if record else describe_crash(logs[root.rank])
     return WorkerError(root.rank, root.exitcode, trace, logs, knock_on,
-                       hint=_early_exit_hint(session, root, records), also_failed=also_failed)
+                       hint=_early_exit_hint(run, root, records), also_failed=also_failed)
 
 
-def _failed_on_its_own(state, record) -> bool:
+def _failed_on_its_own(state: RankRecord, record) -> bool:
     """An error of its own (not a broken connection, not stopped by us)."""
     return not state.stopped_by_launcher and record is not None and \
         not looks_like_knock_on(record)
 
 
-def _early_exit_hint(session, root, records) -> str:
+def _early_exit_hint(run: RunRecord, root: RankRecord, records) -> str:
     """Gloo turns 'a peer left while we wait in a collective' into a connection error: say
     so when the 'root cause' is such an error and some rank had already finished."""
     if not looks_like_knock_on(records.get(root.rank)):
         return ""
-    finished = [s.rank for s in session.ranks if s.exitcode == 0]
+    finished = [s.rank for s in run.ranks if s.exitcode == 0]
     if not finished:
         return ""
     return (f"{describe_ranks(finished).capitalize()} returned while the others still waited in a "
@@ -119,16 +121,9 @@ def looks_like_knock_on(record: dict | None) -> bool:
     return any(sign in text for sign in KNOCK_ON_SIGNS)
 
 
-def _knock_on_reason(state, record, root_rank: int) -> str:
+def _knock_on_reason(state: RankRecord, record, root_rank: int) -> str:
     if state.stopped_by_launcher:
         return f"stopped by the launcher after rank {root_rank} failed"
     if record:
         return f"{record['type']}: {short_message(record['message'])}"
     return describe_exit(state.exitcode)
-
-
-def _load(path):
-    try:
-        return pickle.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None

@@ -14,10 +14,13 @@ import signal
 import time
 
 
-def kill_tree(root_pid: int) -> None:
-    """SIGKILL ``root_pid`` and everything below it, and wait until they are gone."""
+def kill_tree(root_pid: int) -> list[int]:
+    """SIGKILL ``root_pid`` and everything below it, and wait until they are gone; returns
+    the pids, ``root_pid`` first."""
     send(root_pid, signal.SIGSTOP)
-    kill_all([*descendants(root_pid), root_pid])
+    tree = descendants(root_pid)
+    kill_all([*tree, root_pid])
+    return [root_pid, *tree]
 
 
 def descendants(pid: int) -> list[int]:

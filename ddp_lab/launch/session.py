@@ -11,34 +11,24 @@ from __future__ import annotations
 
 import os
 import queue
-import selectors
 import shutil
 import signal
 import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
+from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
 from ddp_lab.launch.echo import make_echo
+from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
+from ddp_lab.launch.output import Output, OutputReader
 from ddp_lab.launch.ranks import RankState
+from ddp_lab.launch.record import RunRecord
 from ddp_lab.launch.spawner import get_fork_server
-from ddp_lab.launch.worker import RUN_DIR_VAR, RankSpec, RunFiles
 
 FAILURE_GRACE_S = 2.0   # after a rank fails, peers get this long to fail on their own
 STACK_WAIT_S = 2.0      # how long to wait for stuck ranks to write their stacks
 EXIT_WAIT_S = 10.0      # how long cleanup waits for killed ranks to be reaped
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    world_size: int
-    backend: str
-    timeout: float
-    env: dict
-    echo: bool = True
-    script: str | None = None
-    script_args: tuple = ()
 
 
 class Session:
@@ -49,7 +39,7 @@ class Session:
         self.payload = payload
         self.ranks = [RankState(r) for r in range(config.world_size)]
         self.events: queue.Queue = queue.Queue()
-        self.selector = selectors.DefaultSelector()
+        self.output = OutputReader()
         self.timed_out = False
         self.stacks: dict[int, str] = {}
         self.killing = False  # ranks were sent SIGKILL; only their exit reports are awaited
@@ -77,8 +67,7 @@ class Session:
 
     def _spawn(self, state: RankState) -> None:
         out_r, out_w = os.pipe()
-        os.set_blocking(out_r, False)
-        self.selector.register(out_r, selectors.EVENT_READ, state)
+        self.output.add(out_r, owner=state.rank)
         try:
             self.server.spawn(self._spec(state.rank), [out_w, self.lifeline_r], self.events)
         finally:
@@ -147,32 +136,17 @@ class Session:
 
     def _pump(self, timeout: float) -> None:
         """Wait for output or an exit, whichever comes first, and handle what came."""
-        if self.selector.get_map():
+        if self.output.open:
             # capped: an exit report does not wake select (a grandchild may hold the pipe)
-            for key, _ in self.selector.select(min(timeout, 0.25)):
-                self._read(key.fileobj, key.data)
+            for out in self.output.read(time.monotonic() + min(timeout, 0.25)):
+                self._show(out)
             self._drain_events(block_s=0.0)
         else:  # every pipe is closed: only exit reports are still to come
             self._drain_events(block_s=min(timeout, 3600.0))
 
-    def _read(self, fd: int, state: RankState) -> None:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        if chunk:
-            return self._take_lines(state, chunk)
-        self.selector.unregister(fd)
-        os.close(fd)
-        if state.partial:
-            self._take_lines(state, b"\n")
-
-    def _take_lines(self, state: RankState, data: bytes) -> None:
-        lines, status = state.feed(data)
-        for line in lines:
-            self.echo.line(state.rank, line)
-        if status is not None:
-            self.echo.status(state.rank, status)
+    def _show(self, out: Output) -> None:
+        self.ranks[out.owner].lines.extend(out.lines)
+        self.echo.show(out.owner, out.lines, out.status)
 
     def _drain_events(self, block_s: float) -> None:
         by_pid = {s.pid: s for s in self.ranks}
@@ -222,18 +196,18 @@ class Session:
             self._pump(0.05)
 
     def _release(self) -> None:
-        for fd in list(self.selector.get_map()):
-            self.selector.unregister(fd)
-            os.close(fd)
-        self.selector.close()
+        self.output.close()
         for fd in (self.lifeline_r, self.lifeline_w):
             if fd is not None:
                 os.close(fd)
         self.store = None  # its destructor stops the server thread and closes the socket
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def logs(self) -> list[str]:
-        return ["\n".join(s.lines) for s in self.ranks]
+    def record(self) -> RunRecord:
+        """The finished run, for ``outcome.conclude`` (call before leaving the ``with``:
+        the results are in the run folder, which cleanup removes)."""
+        return RunRecord(self.config, tuple(s.record() for s in self.ranks), self.files,
+                         self.seconds, self.timed_out, dict(self.stacks))
 
 
 def _loopback_store(world_size: int):
@@ -251,42 +225,3 @@ def _loopback_store(world_size: int):
         raise
     listener.detach()  # the store owns and closes the descriptor now
     return store, port
-
-
-def loopback_env(config: LaunchConfig) -> dict[str, str]:
-    """This process's environment with gloo and NCCL kept off the network (one machine),
-    then the caller's ``env=``, which may override both."""
-    loopback = loopback_interface()
-    return {**os.environ, "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback,
-            **config.env}
-
-
-def run_env(config: LaunchConfig, port: int, run_dir: str) -> dict[str, str]:
-    """The environment torchrun would give every rank, plus loopback-only networking."""
-    env = loopback_env(config)
-    n = config.world_size
-    env.update({
-        "GROUP_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
-        "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": str(threads_per_rank(n)),
-        "PYTHONUNBUFFERED": "1", RUN_DIR_VAR: run_dir,
-    })
-    return env
-
-
-def rank_env(base_env: dict[str, str], rank: int) -> dict[str, str]:
-    return {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
-
-
-def threads_per_rank(world_size: int) -> int:
-    """Ranks share the cores: oversubscribed OpenMP threads make collectives crawl."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // world_size)
-
-
-def loopback_interface() -> str:
-    import psutil
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == "127.0.0.1" for a in addresses):
-            return name
-    return "lo"

@@ -16,9 +16,9 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 from ddp_lab.launch import channel
+from ddp_lab.launch.environment import package_pythonpath
 
 SPAWN_REPLY_TIMEOUT = 120.0  # the first reply waits for the server to import torch
 
@@ -110,8 +110,7 @@ class ForkServer:
 def _server_env() -> dict[str, str]:
     """The server must import this very ddp_lab, installed or not."""
     env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = package_pythonpath(env)
     env.setdefault("OMP_NUM_THREADS", "1")  # the server itself never computes
     return env
 

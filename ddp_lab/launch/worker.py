@@ -16,49 +16,16 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import cloudpickle
 
+from ddp_lab.launch.config import RUN_DIR_VAR, RankSpec, RunFiles, write_pickle
 from ddp_lab.launch.errors import short_message
 
-RUN_DIR_VAR = "DDP_LAB_RUN_DIR"
 STACK_SIGNAL = signal.SIGUSR1
 LAUNCHER_MODULES = ("ddp_lab.launch.worker", "ddp_lab.launch.cell")  # frames a user's traceback skips
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    rank: int
-    world_size: int
-    run_dir: str
-    env: dict
-    cwd: str
-    sys_path: tuple
-    backend: str
-    threads: int
-    pg_timeout_s: float
-    script: str | None = None  # None: call the pickled function in run_dir/payload.pkl
-    script_args: tuple = ()
-
-
-class RunFiles:
-    """Where a rank leaves its result, its error and its stack dump in the run folder."""
-
-    def __init__(self, run_dir: str | os.PathLike):
-        self.dir = Path(run_dir)
-        self.payload = self.dir / "payload.pkl"
-
-    def result(self, rank: int) -> Path:
-        return self.dir / f"rank{rank}.result.pkl"
-
-    def error(self, rank: int) -> Path:
-        return self.dir / f"rank{rank}.error.pkl"
-
-    def stack(self, rank: int) -> Path:
-        return self.dir / f"rank{rank}.stack.txt"
 
 
 def rank_main(spec: RankSpec, output_fd: int, lifeline_fd: int) -> None:
@@ -128,7 +95,7 @@ def _run_target(spec: RankSpec) -> int:
     try:
         if spec.script is None:
             value = _call_function(spec, files)
-            _write(files.result(spec.rank), value)
+            write_pickle(files.result(spec.rank), _to_cpu(value))
         else:
             _run_script(spec)
         _destroy_group()
@@ -186,7 +153,7 @@ def _record_error(path: Path, exc: BaseException) -> None:
     sys.stderr.write(f"{type(exc).__name__}: {short_message(str(exc), limit=200)}\n")
     record = {"type": type(exc).__name__, "message": str(exc), "traceback": text,
               "time": time.monotonic()}
-    _write(path, record)
+    write_pickle(path, record)
 
 
 def _user_frames(exc: BaseException):
@@ -196,12 +163,6 @@ def _user_frames(exc: BaseException):
             tb.tb_frame.f_globals.get("__name__") in LAUNCHER_MODULES:
         tb = tb.tb_next
     return tb
-
-
-def _write(path: Path, value) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(cloudpickle.dumps(_to_cpu(value)))
-    os.replace(tmp, path)  # the launcher never reads a half-written file
 
 
 def _to_cpu(value):
@@ -232,5 +193,5 @@ def report(value):
     """
     run_dir = os.environ.get(RUN_DIR_VAR)
     if run_dir:
-        _write(RunFiles(run_dir).result(int(os.environ["RANK"])), value)
+        write_pickle(RunFiles(run_dir).result(int(os.environ["RANK"])), _to_cpu(value))
     return value

@@ -1,11 +1,11 @@
-"""The seed's connectivity check without netcat: can a worker reach the master's port?
+"""The usual multi-node connectivity check without netcat: can a worker reach the master's port?
 
     python -m ddp_lab.scripts.port_check listen 29400           # on the master: nc -l 29400
     python -m ddp_lab.scripts.port_check connect HOST 29400     # on a worker: nc -zv HOST 29400
 
 ``connect`` also tells a refused connection (the host answered: it is reachable, nothing
 listens on that port yet) from a timeout (no answer at all: wrong address, a firewall
-dropping packets, no route), which is the question ``ping`` answers in the seed. Plain
+dropping packets, no route), which is the question ``ping`` is usually asked. Plain
 sockets only, no torch: it starts in a blink.
 """
 

@@ -1,5 +1,5 @@
 """What a launcher tells each worker, then one all_reduce to prove the workers found
-each other: the seed's ``elastic_ddp.py`` smoke test, on any launcher.
+each other: the ``elastic_ddp.py`` smoke test of PyTorch's DDP tutorial, on any launcher.
 
     torchrun --standalone --nproc-per-node=2 print_env.py
     torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\

@@ -1,5 +1,5 @@
-"""DDP training steps where one rank is slower than the others (seed 002: "skewed
-processing speeds"), under a process-group timeout of your choice.
+"""DDP training steps where one rank is slower than the others ("skewed processing speeds"
+in PyTorch's DDP tutorial), under a process-group timeout of your choice.
 
     torchrun --standalone --nproc-per-node=3 straggler.py --delay 0.05 --pg-timeout 30
     ddp_lab.run_script(script_path("straggler.py"), world_size=3, script_args=[...])

@@ -1,4 +1,4 @@
-"""Train DigitsCNN with DDP: the seed's ``elastic_ddp_cnn.py``, runnable anywhere.
+"""Train DigitsCNN with DDP: a typical torchrun MNIST CNN script, runnable anywhere.
 
     torchrun --standalone --nproc-per-node=2 -m ddp_lab.scripts.train_cnn --epochs 10
     torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\

@@ -36,11 +36,11 @@ DEMOS = {
     "scatter": "ddp_lab.course.ch03_collectives.collectives:scatter",
     "reduce_scatter": "ddp_lab.course.ch03_collectives.collectives:reduce_scatter",
     "all_to_all": "ddp_lab.course.ch03_collectives.collectives:all_to_all",
-    "reduce_ops": "ddp_lab.course.ch03_collectives.collectives:try_reduce_ops",
+    "reduce_ops": "ddp_lab.course.ch03_collectives.support:try_reduce_ops",
     "objects": "ddp_lab.course.ch03_collectives.costs:object_collectives",
     "barrier": "ddp_lab.course.ch03_collectives.costs:barrier_release",
     # 05 DDP basics
-    "ddp_basic": "ddp_lab.course.ch05_ddp_basics.basics:seed_basic_example",
+    "ddp_basic": "ddp_lab.course.ch05_ddp_basics.basics:tutorial_basic_example",
     "ddp_anatomy": "ddp_lab.course.ch05_ddp_basics.basics:anatomy_of_a_step",
     "ddp_buffers": "ddp_lab.course.ch05_ddp_basics.basics:buffers_in_forward",
     "ddp_straggler": "ddp_lab.course.ch05_ddp_basics.basics:straggle_at",  # hangs: use --timeout 5

@@ -1,5 +1,5 @@
-"""``ddp-lab doctor``: is this machine ready for the course? (seed 001's "good for testing
-environment" check: one process forward/backward first, then real ranks talking.)"""
+"""``ddp-lab doctor``: is this machine ready for the course? (the usual "test the environment
+first" check: one process forward/backward first, then real ranks talking.)"""
 
 from __future__ import annotations
 

@@ -11,6 +11,9 @@ import torch.distributed as dist
 
 import ddp_lab
 from ddp_lab.course.ch03_collectives import collectives as C
+from ddp_lab.course.ch03_collectives import gather_exercise
+from ddp_lab.course.ch03_collectives import reference as ref
+from ddp_lab.course.ch03_collectives import support
 from ddp_lab.course.ch03_collectives import plots as pictures
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,21 +39,21 @@ def reduce_with_every_op() -> dict:
 
 def test_reference_math_by_hand():
     befores = [C.rank_values(r, 3) for r in range(4)]
-    assert C.expected("all_reduce", befores)[2].tolist() == [64, 68, 72]
-    at_root, *others = C.expected("reduce", befores, op="MAX")
-    assert at_root.tolist() == [31, 32, 33] and others == [C.ANY] * 3
-    assert C.expected("gather", befores)[1:] == [None] * 3
+    assert ref.expected("all_reduce", befores)[2].tolist() == [64, 68, 72]
+    at_root, *others = ref.expected("reduce", befores, op="MAX")
+    assert at_root.tolist() == [31, 32, 33] and others == [ref.ANY] * 3
+    assert ref.expected("gather", befores)[1:] == [None] * 3
     parts = [list(C.rank_values(r, 5).tensor_split(2)) for r in range(2)]
-    assert [t.tolist() for t in C.expected("reduce_scatter", parts)] == [[12, 14, 16], [18, 20]]
-    assert C.expected("all_to_all", [["a0", "a1"], ["b0", "b1"]]) == [["a0", "b0"], ["a1", "b1"]]
-    assert C.combine([torch.tensor([6]), torch.tensor([3])], "BXOR").tolist() == [5]
-    assert C.combine([torch.tensor([1], dtype=torch.int32)] * 2, "SUM").dtype == torch.int32
+    assert [t.tolist() for t in ref.expected("reduce_scatter", parts)] == [[12, 14, 16], [18, 20]]
+    assert ref.expected("all_to_all", [["a0", "a1"], ["b0", "b1"]]) == [["a0", "b0"], ["a1", "b1"]]
+    assert ref.combine([torch.tensor([6]), torch.tensor([3])], "BXOR").tolist() == [5]
+    assert ref.combine([torch.tensor([1], dtype=torch.int32)] * 2, "SUM").dtype == torch.int32
 
 
 def test_check_names_the_rank_that_breaks_the_math():
     results = [{"before": C.rank_values(r, 2), "after": C.rank_values(r, 2)} for r in range(2)]
     with pytest.raises(AssertionError, match="broadcast on 2 ranks, rank 1"):
-        C.check("broadcast", results)
+        ref.check("broadcast", results)
 
 
 # --- every collective on 1 to 4 real ranks --------------------------------------------------
@@ -64,51 +67,51 @@ def test_every_collective_matches_reference(world_size, dtype):
             results = [v[sizes][name] for v in res.values]
             assert all(torch.equal(r["before"], C.rank_values(rank, r["before"].numel(), dtype))
                        for rank, r in enumerate(results) if isinstance(r["before"], torch.Tensor))
-            C.check(name, results)
+            ref.check(name, results)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_reducing_collectives_with_every_op(world_size):
     res = ddp_lab.run(reduce_with_every_op, world_size, echo=False)
     for name, op, dtype in res.values[0]:
-        C.check(name, [v[name, op, dtype] for v in res.values], op=op)
+        ref.check(name, [v[name, op, dtype] for v in res.values], op=op)
 
 
 def test_reduce_op_table_tries_every_op():
-    table = ddp_lab.run(C.try_reduce_ops, 3, echo=False).values[0]
-    assert set(table) == {(op, d) for op in C.REDUCE_OPS for d in ("float32", "int64")}
+    table = ddp_lab.run(support.try_reduce_ops, 3, echo=False).values[0]
+    assert set(table) == {(op, d) for op in support.REDUCE_OPS for d in ("float32", "int64")}
     befores = {d: [C.rank_values(r, 3, d) for r in range(3)] for d in ("float32", "int64")}
     for (op, dtype), value in table.items():
         if op in ("SUM", "PRODUCT", "MIN", "MAX"):
             assert isinstance(value, list), f"{op} {dtype}: {value}"
         if isinstance(value, list) and op != "PREMUL_SUM":
             torch.testing.assert_close(torch.tensor(value, dtype=getattr(torch, dtype)),
-                                       C.combine(befores[dtype], op))
+                                       ref.combine(befores[dtype], op))
     assert "BAND" in table["BAND", "float32"]  # bitwise on floats: an error, not a number
-    assert C.reduce_op_markdown(table).count("\n") == len(C.REDUCE_OPS) + 1
+    assert support.reduce_op_markdown(table).count("\n") == len(support.REDUCE_OPS) + 1
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_equivalents_built_from_other_collectives(world_size):
-    for worker in (C.reduce_scatter_via_all_reduce, C.all_to_all_via_scatter):
+    for worker in (support.reduce_scatter_via_all_reduce, support.all_to_all_via_scatter):
         for value in ddp_lab.run(worker, world_size, echo=False).values:
             torch.testing.assert_close(value["equivalent"], value["builtin"])
 
 
 def test_all_to_all_with_unequal_parts_is_refused_clearly_or_correct():
     try:
-        res = ddp_lab.run(C.all_to_all_unequal, 3, echo=False)
+        res = ddp_lab.run(support.all_to_all_unequal, 3, echo=False)
     except ddp_lab.WorkerError as err:  # gloo today: a size check before anything is sent
         assert "alltoall: invalid tensor size" in err.traceback
     else:
-        C.check("all_to_all", res.values)
+        ref.check("all_to_all", res.values)
 
 
-def test_seed_example_prints_and_returns_what_the_seed_did():
-    ex2 = ddp_lab.run(C.seed_ex2, 3, echo=False)
-    assert [v["all_reduce"] for v in ex2.values] == [33, 33, 33]
-    assert [v["reduce"] for v in ex2.values] == [33, None, None]
-    assert "rank: 2, 2" in ex2.logs[2] and "dist.is_available: True" in ex2.logs[0]
+def test_five_collectives_prints_and_returns_the_classic_example_values():
+    five = ddp_lab.run(C.five_collectives, 3, echo=False)
+    assert [v["all_reduce"] for v in five.values] == [33, 33, 33]
+    assert [v["reduce"] for v in five.values] == [33, None, None]
+    assert "rank: 2, 2" in five.logs[2] and "dist.is_available: True" in five.logs[0]
 
 
 # --- the exercise checker -------------------------------------------------------------------
@@ -139,13 +142,13 @@ def raises(t):
 
 
 def test_exercise_checker_accepts_a_solution_and_explains_mistakes():
-    assert C.check_all_gather(gather_by_broadcast) == "passed on 2, 3, 4 ranks"
+    assert gather_exercise.check_all_gather(gather_by_broadcast) == "passed on 2, 3, 4 ranks"
     with pytest.raises(AssertionError, match="with 2 ranks, rank 0: entry 1 is"):
-        C.check_all_gather(only_my_own)
+        gather_exercise.check_all_gather(only_my_own)
     with pytest.raises(AssertionError, match=r"(?s)rank \d failed:.*not implemented yet"):
-        C.check_all_gather(raises, world_sizes=(2,))
+        gather_exercise.check_all_gather(raises, world_sizes=(2,))
     with pytest.raises(AssertionError, match="hung"):
-        C.check_all_gather(rank0_busy_elsewhere, world_sizes=(2,), timeout=2)
+        gather_exercise.check_all_gather(rank0_busy_elsewhere, world_sizes=(2,), timeout=2)
 
 
 # --- the pictures, drawn from real results ----------------------------------------------------
@@ -160,7 +163,7 @@ def test_tour_matches_and_draws_one_row_per_rank_for_every_collective(world_size
     res = ddp_lab.run(C.tour, world_size, echo=False)
     for name in C.COLLECTIVES:
         assert "error" not in res.values[0][name], res.values[0][name]
-        C.check(name, [v[name] for v in res.values])
+        ref.check(name, [v[name] for v in res.values])
         fig = pictures.results_picture(name, [v[name] for v in res.values])
         assert rank_labels(fig) == [f"rank {r}" for r in range(world_size)], name
         fig.canvas.draw()  # renders without error

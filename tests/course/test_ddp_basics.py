@@ -78,8 +78,8 @@ def test_straggle_at_rejects_unknown_points():
         ddp_lab.run(ddp_basics.straggle_at, world_size=1, args=("optimizer",), echo=False)
 
 
-def test_seed_basic_example_and_model_parallel_on_cpu():
-    losses = run(ddp_basics.seed_basic_example, 2)
+def test_tutorial_basic_example_and_model_parallel_on_cpu():
+    losses = run(ddp_basics.tutorial_basic_example, 2)
     assert len(set(losses)) == 2  # each rank its own random data
     results = run(ddp_basics.model_parallel_step, 2)
     assert ddp_basics.model_parallel_backend(2) in ("gloo", "nccl")

@@ -4,7 +4,6 @@ helpers around them (Rendezvous URLs, the loopback port, the port-race retry).""
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest

@@ -18,6 +18,7 @@ import torch
 import ddp_lab
 import workers
 from conftest import wait_until_gone
+from run_probes import run_folders_of, wait_for_pids
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -110,36 +111,13 @@ def test_sigkill_of_the_launcher_takes_the_ranks_down(tmp_path):
     code = LAUNCHER.format(tests=str(Path(__file__).parents[1]), folder=str(tmp_path))
     launcher = subprocess.Popen([sys.executable, "-c", code])
     try:
-        pids = _wait_for_pids(tmp_path, 2)
+        pids = wait_for_pids(tmp_path, 2)
         server = [p.pid for p in psutil.Process(launcher.pid).children()]
     finally:
         launcher.kill()
         launcher.wait()
     assert wait_until_gone(pids + server, seconds=10) == []
     assert run_folders_of(launcher.pid) == []  # the fork server removed it
-
-
-def run_folders_of(pid: int, seconds: float = 5.0) -> list[str]:
-    """Run folders a launcher with this pid left behind (waits a little for cleanup)."""
-    import glob
-    import tempfile
-    deadline = time.monotonic() + seconds
-    while True:
-        left = glob.glob(os.path.join(tempfile.gettempdir(), f"ddp_lab-{pid}-*"))
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
-
-
-def _wait_for_pids(folder: Path, count: int, seconds: float = 60) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        files = list(folder.glob("rank*.pid"))
-        if len(files) == count:
-            time.sleep(0.1)
-            return [int(f.read_text()) for f in files]
-        time.sleep(0.05)
-    raise AssertionError("the ranks did not start")
 
 
 def test_a_dead_fork_server_is_replaced():

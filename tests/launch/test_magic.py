@@ -108,8 +108,8 @@ import os, time, pathlib
 pathlib.Path({str(tmp_path)!r}, f"rank{{rank}}.pid").write_text(str(os.getpid()))
 time.sleep(600)
 """)
-    from test_faults import _wait_for_pids
-    pids = _wait_for_pids(Path(tmp_path), 2)
+    from run_probes import wait_for_pids
+    pids = wait_for_pids(Path(tmp_path), 2)
     manager.interrupt_kernel()
     reply = client.get_shell_msg(timeout=60)["content"]
     assert reply["ename"] == "KeyboardInterrupt"

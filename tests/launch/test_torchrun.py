@@ -11,16 +11,16 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
 import ddp_lab
 from conftest import wait_until_gone
+from run_probes import run_folders_of
 from ddp_lab.course.ch09_torchrun import torchrun as torchrun_demo
 from ddp_lab.scripts import script_path
-from ddp_lab.launch.torchrun.output import TeeDemux, error_record
+from ddp_lab.launch.torchrun.tee import TeeDemux, error_record
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,6 +37,8 @@ def test_demux_splits_the_agent_stream_per_rank_even_mid_line():
         per_owner[owner] = per_owner.get(owner, b"") + text
     assert per_owner == {0: b"hello\nbye\n", 1: b"bar 10%\rbar 20%\n",
                          None: b"agent says hi\n"}
+    # a stray separator is text, not the start of a prefix: nothing is held back for it
+    assert TeeDemux().feed(b"\x1e0\x1fa \x1e b") == [(0, b"a \x1e b")]
 
 
 def test_error_record_reads_the_last_traceback_of_a_log():
@@ -60,16 +62,16 @@ def test_unknown_launcher_is_refused_before_anything_starts():
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-def test_seed_parser_breaks_on_the_new_spelling_and_print_env_takes_both():
-    assert torchrun_demo.seed_parser_on(["--local-rank=0"]).startswith("failed")
-    assert torchrun_demo.seed_parser_on(["--local_rank=0"]).startswith("parsed")
+def test_legacy_parser_breaks_on_the_new_spelling_and_print_env_takes_both():
+    assert torchrun_demo.legacy_parser_on(["--local-rank=0"]).startswith("failed")
+    assert torchrun_demo.legacy_parser_on(["--local_rank=0"]).startswith("parsed")
     from ddp_lab.scripts.print_env import parse_args
     assert parse_args(["--local-rank=3"]).local_rank == 3
     assert parse_args(["--local_rank=3"]).local_rank == 3
 
 
-def test_options_since_the_seed_include_local_addr():
-    flags = [flag for flag, _ in torchrun_demo.options_since_seed()]
+def test_options_since_torch_2_4_include_local_addr():
+    flags = [flag for flag, _ in torchrun_demo.options_since_torch_2_4()]
     assert "--local-addr" in flags and "--nnodes" not in flags
 
 
@@ -169,17 +171,7 @@ def test_sigkill_of_the_launcher_takes_agent_workers_and_folder_down(tmp_path):
         launcher.stdout.close()
     assert len(tree) >= 3  # the agent and two workers
     assert wait_until_gone(tree, seconds=20) == []
-    assert _run_folders_of(launcher.pid) == []
-
-
-def _run_folders_of(pid: int, seconds: float = 10.0) -> list[Path]:
-    import tempfile
-    deadline = time.monotonic() + seconds
-    while True:
-        left = list(Path(tempfile.gettempdir()).glob(f"ddp_lab-{pid}-*"))
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
+    assert run_folders_of(launcher.pid) == []
 
 
 ELASTIC_LAUNCH = textwrap.dedent("""

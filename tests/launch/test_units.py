@@ -8,7 +8,7 @@ from ddp_lab.launch.heartbeat import describe_ranks
 from ddp_lab.launch.errors import short_message
 from ddp_lab.launch.outcome import looks_like_knock_on
 from ddp_lab.launch.stacks import format_dump, waiting_in
-from ddp_lab.launch.session import threads_per_rank
+from ddp_lab.launch.environment import threads_per_rank
 
 DUMP = '''Thread 0x00007f0000000001 (most recent call first):
   File "/x/ddp_lab/launch/worker.py", line 90 in watch
@@ -64,7 +64,7 @@ def test_threads_per_rank_never_below_one():
 
 
 def test_visible_text_keeps_what_a_terminal_shows():
-    from ddp_lab.launch.echo import visible_text
+    from ddp_lab.launch.output import visible_text
     assert visible_text(b"\r 10%|#|\r 20%|##|") == " 20%|##|"
     assert visible_text(b"windows line\r") == "windows line"
     assert visible_text(b"plain") == "plain"
@@ -91,11 +91,69 @@ def test_magic_line_parsing():
 
 
 def test_rank_output_is_split_into_whole_lines_and_progress():
-    from ddp_lab.launch.ranks import RankState
-    state = RankState(0)
-    assert state.feed(b"hel") == ([], None)
-    assert state.feed(b"lo\nwor") == (["hello"], None)
-    assert state.feed(b"ld\n\r 10%|#") == (["world"], " 10%|#")
-    assert state.feed(b"|\r 50%|##|") == ([], " 50%|##|")
-    assert state.feed(b"\r100%|###|\n") == (["100%|###|"], None)
-    assert state.lines == ["hello", "world", "100%|###|"]
+    from ddp_lab.launch.output import LineSplitter
+    splitter = LineSplitter()
+    assert splitter.feed(b"hel") == ([], None)
+    assert splitter.feed(b"lo\nwor") == (["hello"], None)
+    assert splitter.feed(b"ld\n\r 10%|#") == (["world"], " 10%|#")
+    assert splitter.feed(b"|\r 50%|##|") == ([], " 50%|##|")
+    assert splitter.feed(b"\r100%|###|\n") == (["100%|###|"], None)
+    assert splitter.feed(b"no newline at the end") == ([], None)
+    assert splitter.flush() == ["no newline at the end"] and splitter.flush() == []
+
+
+def test_a_long_line_in_small_chunks_costs_linear_time():
+    import time
+    from ddp_lab.launch.output import LineSplitter
+    splitter, began = LineSplitter(), time.perf_counter()
+    for _ in range(200_000):  # 2 MB, 10 bytes at a time: quadratic re-joining takes minutes
+        assert splitter.feed(b"0123456789") == ([], None)
+    assert splitter.feed(b"\n")[0] == ["0123456789" * 200_000]
+    assert time.perf_counter() - began < 10
+
+
+def test_reader_reads_pipes_to_their_end_and_routes_pieces():
+    import os
+    import time
+    from ddp_lab.launch.output import Output, OutputReader
+    reader = OutputReader()
+    plain_r, plain_w = os.pipe()
+    routed_r, routed_w = os.pipe()
+    reader.add(plain_r, owner=0)
+    reader.add(routed_r, route=lambda chunk: [(c, bytes([c]) + b"\n") for c in chunk])
+    assert reader.read(until=time.monotonic() + 0.05) == []  # nothing yet: the deadline
+    os.write(plain_w, b"a\nunfinished")
+    os.write(routed_w, b"xy")
+    os.close(plain_w)
+    os.close(routed_w)
+    seen = []
+    while reader.open:
+        seen += reader.read(until=time.monotonic() + 5)
+    assert [o for o in seen if o.owner == 0] == [Output(0, ["a"]), Output(0, ["unfinished"])]
+    assert [o for o in seen if o.owner != 0] == [Output(ord("x"), ["x"]), Output(ord("y"), ["y"])]
+    reader.close()
+    reader.close()  # idempotent
+
+
+def test_a_finished_run_is_concluded_from_its_record_alone(tmp_path):
+    import ddp_lab
+    from ddp_lab.launch.config import LaunchConfig, RunFiles, write_pickle
+    from ddp_lab.launch.outcome import conclude
+    from ddp_lab.launch.record import RankRecord, RunRecord
+    files = RunFiles(tmp_path)
+    config = LaunchConfig(world_size=2, backend="gloo", timeout=5.0, env={})
+    for rank in range(2):
+        write_pickle(files.result(rank), rank * 10)
+    ok = [RankRecord(r, 0, 1.0, False, f"hi from {r}") for r in range(2)]
+    result = conclude(RunRecord(config, tuple(ok), files, 0.5))
+    assert result.values == [0, 10] and result.logs == ["hi from 0", "hi from 1"]
+    assert files.results() == {0: 0, 1: 10}
+    write_pickle(files.error(1), {"type": "ValueError", "message": "bad", "time": 1.0,
+                                  "traceback": "Traceback ...\nValueError: bad"})
+    crashed = (ok[0], RankRecord(1, 1, 1.0, False, "ValueError: bad"))
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        conclude(RunRecord(config, crashed, files, 0.5))
+    assert caught.value.rank == 1 and "ValueError: bad" in caught.value.traceback
+    with pytest.raises(ddp_lab.WorkerTimeout) as caught:
+        conclude(RunRecord(config, tuple(ok), files, 5.0, timed_out=True, stacks={1: "Stack"}))
+    assert caught.value.stuck_ranks == [1]

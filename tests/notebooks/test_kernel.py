@@ -10,7 +10,7 @@ import pytest
 
 from conftest import wait_until_gone
 from kernel_helpers import execute, start_kernel
-from test_faults import _wait_for_pids, run_folders_of
+from run_probes import run_folders_of, wait_for_pids
 
 pytestmark = pytest.mark.timeout(240)
 TESTS = str(Path(__file__).parents[1])
@@ -38,7 +38,7 @@ def test_kernel_output_interrupt_and_sigkill(tmp_path):
 def _interrupt_stops_every_rank(manager, client, folder: Path) -> None:
     folder.mkdir()
     msg_id = client.execute(f"ddp_lab.run(workers.write_pid_and_sleep, 3, args=({str(folder)!r},), timeout=600)")
-    pids = _wait_for_pids(folder, 3)
+    pids = wait_for_pids(folder, 3)
     manager.interrupt_kernel()
     reply = client.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id
@@ -51,7 +51,7 @@ def _interrupt_stops_every_rank(manager, client, folder: Path) -> None:
 def _sigkill_of_kernel_stops_every_rank(manager, client, folder: Path) -> None:
     folder.mkdir()
     client.execute(f"ddp_lab.run(workers.write_pid_and_sleep, 2, args=({str(folder)!r},), timeout=600)")
-    pids = _wait_for_pids(folder, 2)
+    pids = wait_for_pids(folder, 2)
     kernel = psutil.Process(manager.provisioner.process.pid)
     helpers = [p.pid for p in kernel.children(recursive=True)]
     kernel.kill()

@@ -20,8 +20,8 @@ BACKENDS = ("gloo", "nccl", "mpi")  # the three ProcessGroup implementations in 
 
 
 # -- ranks and groups ------------------------------------------------------------------
-def seed_lines() -> list[str]:
-    """What seed 000's example 2 prints: the rank and world size the process group
+def rank_lines() -> list[str]:
+    """What a first DDP script typically prints: the rank and world size the process group
     reports, next to what the launcher put in the environment (they must agree)."""
     import torch.distributed as dist
     return [f"rank: {dist.get_rank()}, {os.environ['RANK']}",
@@ -90,7 +90,8 @@ def span_times(spans_per_rank, label: str) -> list[tuple[float, float]]:
 
 
 def dprint(*args, **kwargs) -> None:
-    """Print on one rank at a time, in rank order (seed 004's ``dprint``): in turn r only
+    """Print on one rank at a time, in rank order (the ``dprint`` helper people write around
+    ``mp.spawn``): in turn r only
     rank r prints, and the barrier after each turn keeps rank r+1 from writing before
     rank r has. It orders the *writes*; it costs world_size barriers per call."""
     import torch.distributed as dist
@@ -120,13 +121,13 @@ class StampedStdout(io.TextIOBase):
 
 
 def print_freely(work_s: float = 0.01) -> list[tuple[float, str]]:
-    """Seed 000's lines, printed as soon as each rank gets there, with a little work
+    """``rank_lines``, printed as soon as each rank gets there, with a little work
     between them (after a barrier that lines the ranks up, as a training step would):
     nothing orders one rank's lines against another's."""
     import torch.distributed as dist
     dist.barrier()
     with redirect_stdout(StampedStdout(sys.stdout)) as out:
-        for line in seed_lines():
+        for line in rank_lines():
             print(line)
             time.sleep(work_s)
     return out.lines
@@ -137,7 +138,7 @@ def print_in_rank_order() -> list[tuple[float, str]]:
     import torch.distributed as dist
     dist.barrier()
     with redirect_stdout(StampedStdout(sys.stdout)) as out:
-        dprint("\n".join(seed_lines()))
+        dprint("\n".join(rank_lines()))
     return out.lines
 
 

@@ -1,7 +1,7 @@
 """Notebook 03's measurements and pitfalls: what collectives cost, and how they go wrong.
 
 ``collectives`` shows what each collective computes; this module times them and breaks them
-on purpose: object collectives against tensors, one all_gather instead of 100 (seed 004's
+on purpose: object collectives against tensors, one all_gather instead of 100 (the cat/chunk
 trick), async_op overlap, when a barrier lets ranks go, the in-place overwrite, and
 mismatched shapes, which give an error, wrong data, a crash or a hang depending on the
 collective. Timings are medians after a warm-up, each run started at a barrier.
@@ -64,7 +64,7 @@ def object_vs_tensor_cost(numel: int = 10_000, repeats: int = 10) -> dict:
 
 
 def cat_all_gather(tensors: list) -> list:
-    """Seed 004's trick: all_gather a list of tensors with ONE collective. Flatten and
+    """The cat/chunk trick: all_gather a list of tensors with ONE collective. Flatten and
     concatenate, all_gather the one tensor, split it back. Result[rank][i] is that rank's
     i-th tensor. Every rank must pass the same shapes, as all_gather needs equal sizes."""
     flat = torch.cat([t.reshape(-1) for t in tensors])

@@ -1,10 +1,12 @@
 """Notebook 05, part 1: what DistributedDataParallel does around one training step.
 
-The seed's ToyModel (seeds 002 and 004) wrapped in DDP. The constructor broadcasts rank 0's
-parameters and buffers, every forward broadcasts the buffers again, and backward averages
-the gradients with all_reduce while it runs: three synchronization points that every rank
-must reach, in the same order. The GPU path (device from LOCAL_RANK, ``set_device`` before
-the model exists, ``device_ids=[local_rank]``) is taken whenever the group runs NCCL.
+The ToyModel of PyTorch's DDP tutorial wrapped in DDP
+(https://pytorch.org/tutorials/intermediate/ddp_tutorial.html). The constructor broadcasts
+rank 0's parameters and buffers, every forward broadcasts the buffers again, and backward
+averages the gradients with all_reduce while it runs: three synchronization points that
+every rank must reach, in the same order. The GPU path (device from LOCAL_RANK,
+``set_device`` before the model exists, ``device_ids=[local_rank]``) is taken whenever the
+group runs NCCL.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from ddp_lab.course.training import rank_device
 SYNC_POINTS = ("construct", "forward", "backward")
 
 
-def seed_basic_example() -> float:
-    """The seed's ``demo_basic``: one SGD step of ToyModel on random data (seeds 002, 004)."""
+def tutorial_basic_example() -> float:
+    """The DDP tutorial's ``demo_basic``: one SGD step of ToyModel on random data."""
     rank = dist.get_rank()
     print(f"Running basic DDP example on rank {rank}.")
     device = rank_device()  # on GPUs: set_device(LOCAL_RANK) before any CUDA allocation
-    torch.manual_seed(0)  # seed 004: the same initial model on every rank
+    torch.manual_seed(0)  # set explicitly: the same initial model on every rank
     model = ToyModel().to(device)
     ddp_model = DDP(model, device_ids=device_ids(device))
     torch.manual_seed(1 + rank)  # but each rank its own random data
@@ -155,7 +157,7 @@ _FRAME = re.compile(r'File "[^"]*", line \d+, in (\w+)\n\s+(.*)')
 
 
 def model_parallel_devices() -> tuple:
-    """(dev0, dev1) for the seed's ToyMpModel: GPUs 2*local_rank and 2*local_rank + 1 under
+    """(dev0, dev1) for the tutorial's ToyMpModel: GPUs 2*local_rank and 2*local_rank + 1 under
     NCCL (each process owns two GPUs), both "cpu" under gloo."""
     if dist.get_backend() != "nccl":
         return "cpu", "cpu"
@@ -176,7 +178,7 @@ def model_parallel_backend(world_size: int) -> str:
 
 
 def model_parallel_step() -> dict:
-    """The seed's ``demo_model_parallel``: one replica spans two devices, so DDP gets no
+    """The DDP tutorial's ``demo_model_parallel``: one replica spans two devices, so DDP gets no
     ``device_ids`` and the module itself decides where the output lives (dev1)."""
     rank = dist.get_rank()
     print(f"Running DDP with model parallel example on rank {rank}.")

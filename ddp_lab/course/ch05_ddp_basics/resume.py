@@ -1,4 +1,4 @@
-"""Notebook 05, part 5: checkpoints as in the DDP tutorial (seed 002), and exact resumption.
+"""Notebook 05, part 5: checkpoints as in PyTorch's DDP tutorial, and exact resumption.
 
 Rank 0 alone saves (all ranks hold the same weights), a barrier keeps the others from
 reading a file still being written, and every rank loads with ``map_location`` so tensors

@@ -1,4 +1,6 @@
-"""The gradient buckets' memory, and ``gradient_as_bucket_view`` (notebook 07, seed 001).
+"""The gradient buckets' memory, and ``gradient_as_bucket_view`` (notebook 07): why a model
+takes twice its size once wrapped in DDP, a common report:
+https://discuss.pytorch.org/t/memory-consumption-for-the-model-get-doubled-after-wrapped-with-ddp/130837/4
 
 By default each parameter's ``.grad`` is its own tensor, and the Reducer copies it into a
 flat bucket buffer to all-reduce it (and the result back): the buckets are a second copy
@@ -22,7 +24,8 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, MiB, make_mlp
+from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.units import MiB
 
 # 3 layers of 3072 x 3072: 28 M parameters, 108 MiB. Every layer is larger than glibc's
 # largest mmap threshold (32 MiB), so freed gradients go back to the OS and RSS shows it.

@@ -19,8 +19,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ddp_lab.course.units import MiB
-
 
 @dataclass(frozen=True)
 class MLPConfig:

@@ -1,4 +1,5 @@
-"""Notebook 08, part 2: one slow rank, and the process group's timeout (seed 002).
+"""Notebook 08, part 2: one slow rank, and the process group's timeout ("skewed processing
+speeds" in PyTorch's DDP tutorial, https://pytorch.org/tutorials/intermediate/ddp_tutorial.html).
 
 DDP's all-reduce in ``backward()`` is a synchronization point: every rank leaves it when
 the slowest one has arrived, so one straggler sets the pace of the whole job. The fast ranks

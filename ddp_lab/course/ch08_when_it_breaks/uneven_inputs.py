@@ -1,4 +1,4 @@
-"""Notebook 08, part 1: ranks with different amounts of data (seed 000, Example 3).
+"""Notebook 08, part 1: ranks with different amounts of data, a classic DDP hang.
 
 DDP all-reduces the gradients inside every ``backward()``, so every rank must run the same
 number of steps. Split 25 samples over 3 ranks by hand and rank 0 gets one batch more than
@@ -63,9 +63,9 @@ def _my_loader(how: str) -> DataLoader:
 
 
 def uneven_training(then: str = "barrier") -> int:
-    """Seed 000's Example 3 on gloo: rank 0 has one batch more than ranks 1 and 2.
+    """The classic uneven-inputs hang on gloo: rank 0 has one batch more than ranks 1 and 2.
 
-    ``then`` is what a rank does after its loop: "exit" (return, as in the seed) or
+    ``then`` is what a rank does after its loop: "exit" (return, as the usual report does) or
     "barrier" (wait for the others before, say, saving a checkpoint).
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()

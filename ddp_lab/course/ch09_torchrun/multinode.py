@@ -2,7 +2,8 @@
 
 With root, the two nodes are network namespaces (``ddp_lab.course.netns``): separate addresses
 on a virtual link, and this machine's hostname, which resolves to loopback in both, so the
-seed's troubleshooting list bites for real. Without root, both "nodes" are this machine on
+usual multi-node pitfalls (unreachable port, hostname resolving to 127.0.0.1, gloo picking the
+wrong interface) bite for real. Without root, both "nodes" are this machine on
 loopback: the multi-node commands still run (two agents, one rendezvous), the pitfalls
 cannot be shown.
 """
@@ -21,7 +22,7 @@ from ddp_lab.course.ports import free_loopback_port
 from ddp_lab.course.netns import Host
 from ddp_lab.launch.process_tree import kill_tree
 
-RDZV_PORT = 29400  # the seed's port: free in a fresh namespace
+RDZV_PORT = 29400  # torchrun's usual rendezvous port: free in a fresh namespace
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def describe_hosts(cluster: Cluster) -> list[str]:
     return lines
 
 
-# -- the seed's connectivity check --------------------------------------------------------
+# -- the usual connectivity check (nc -l / nc -zv) ----------------------------------------
 def connectivity_check(cluster: Cluster) -> list[str]:
     """``nc -l`` on node0, ``nc -zv`` from node1 (in Python), then a port nobody listens
     on: refused means the host answered, i.e. it is reachable (what ``ping`` would say)."""

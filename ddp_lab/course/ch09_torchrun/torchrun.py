@@ -19,17 +19,17 @@ from ddp_lab.course.netns import loopback_hosts
 from ddp_lab.scripts import script_path
 from ddp_lab.scripts.print_env import TORCHRUN_VARS
 
-# The options of the seed's `torchrun -h` (torch 2.4), by their argparse names.
-SEED_OPTIONS = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+# The options of `torchrun -h` in torch 2.4, by their argparse names.
+TORCH_2_4_OPTIONS = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
                 "rdzv_conf", "standalone", "max_restarts", "monitor_interval", "start_method",
                 "role", "module", "no_python", "run_path", "log_dir", "redirects", "tee",
                 "node_rank", "master_addr", "master_port")
 
 
-def options_since_seed() -> list[tuple[str, str]]:
-    """torchrun options this torch has and the seed's help did not list: (flag, help)."""
+def options_since_torch_2_4() -> list[tuple[str, str]]:
+    """torchrun options this torch has and torch 2.4's help did not list: (flag, help)."""
     from torch.distributed.run import get_args_parser
-    skip = set(SEED_OPTIONS) | {"help", "training_script", "training_script_args"}
+    skip = set(TORCH_2_4_OPTIONS) | {"help", "training_script", "training_script_args"}
     return [(action.option_strings[0], " ".join((action.help or "").split())[:110])
             for action in get_args_parser()._actions if action.dest not in skip]
 
@@ -55,7 +55,7 @@ def torchrun_standalone(nproc: int = 2, timeout: float = 60.0) -> AgentsResult:
 
 
 def legacy_launch(nproc: int = 2, timeout: float = 60.0) -> AgentsResult:
-    """The seed 003 way: ``python -m torch.distributed.launch`` (deprecated, still there)."""
+    """The pre-torchrun way: ``python -m torch.distributed.launch`` (deprecated, still there)."""
     agent = Agent(loopback_hosts()[0], (f"--nproc-per-node={nproc}",
                                         script_path("print_env.py")),
                   {"OMP_NUM_THREADS": "1"}, module="torch.distributed.launch")
@@ -63,8 +63,9 @@ def legacy_launch(nproc: int = 2, timeout: float = 60.0) -> AgentsResult:
     return run_agents([agent], timeout=timeout)
 
 
-def seed_parser_on(argv: list[str]) -> str:
-    """Seed 003's argument parser (``--local_rank`` only) given what a launcher passes."""
+def legacy_parser_on(argv: list[str]) -> str:
+    """The argument parser of scripts written for ``torch.distributed.launch`` (``--local_rank``
+    only, as its docs used to show) given what a launcher passes."""
     parser = argparse.ArgumentParser(prog="train.py")
     parser.add_argument("--local_rank", type=int)
     try:

@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ddp_lab.launch.worker import RUN_DIR_VAR
+from ddp_lab.launch.config import RUN_DIR_VAR
 
 FAILURES_FILE = "torchrun_failures.json"
 

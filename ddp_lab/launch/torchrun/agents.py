@@ -3,41 +3,62 @@ machines, and get back what they printed and what their workers reported.
 
 Each agent is a real ``python -m torch.distributed.run ...`` process started on its host
 (``ip netns exec`` for a namespace), in a session of its own. Its output streams live as
-``[node0] ...``. Two additions to the command you see: ``--log-dir`` points into a private
-folder (otherwise torchrun leaves a ``/tmp/torchelastic_*`` folder behind after every
-run), and ``DDP_LAB_RUN_DIR`` names the same folder, so that ``ddp_lab.report(value)`` in
-a worker lands there (the namespaces share this machine's disk). At the deadline, on an
-exception or on the stop button, every agent and every worker is killed and the folder
-removed.
+``[node0] ...``. Two additions to the command you see, both in its environment: torchrun's
+log folder (``PET_LOG_DIR``, the variable behind ``--log-dir``) is in a private folder
+(otherwise torchrun leaves a ``/tmp/torchelastic_*`` folder behind after every run), and
+``DDP_LAB_RUN_DIR`` names the same folder, so that ``ddp_lab.report(value)`` in a worker
+lands there (the namespaces share this machine's disk). At the deadline, on an exception or
+on the stop button, every agent and every worker is killed and the folder removed.
+
+torchrun's agent starts every worker in a session of its own (``start_new_session=True`` in
+torch.distributed.elastic's SubprocessHandler), so killing the agent's process group would
+miss them: ``process_tree.kill_tree`` freezes the agent, lists its whole tree, kills it all.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import re
-import selectors
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Protocol
 
-from ddp_lab.course.netns import Host
+from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles
+from ddp_lab.launch.echo import make_echo
+from ddp_lab.launch.environment import package_pythonpath
+from ddp_lab.launch.output import Output, OutputReader
 from ddp_lab.launch.process_tree import kill_tree
-from ddp_lab.launch.torchrun.session import package_pythonpath
-from ddp_lab.launch.worker import RUN_DIR_VAR
 
+DRAIN_S = 1.0  # after a stop, how long to collect what the killed agents had printed
 # Not echoed (kept in the outputs): C++ stack frames under a torch warning, and a warning
 # gVisor-style sandboxes trigger on every store connection (they report socket addresses
 # no resolver knows); neither helps a reader of the notebook.
 _NOT_ECHOED = re.compile(r"^(frame #\d+: |<omitting python frames>|Exception raised from |"
                          r"\[W[^\]]*\] \[c10d\] The hostname of the client socket cannot)")
 _ERROR_LINE = re.compile(r"^(?:\[rank\d+\]: )?((?:[\w]+\.)*\w*(?:Error|Exception)): (.+)$")
+
+
+class Host(Protocol):
+    """Where an agent runs: ``ddp_lab.course.netns.Host`` (a network namespace or this
+    machine) is one; ``ThisMachine`` is the plain one."""
+
+    name: str
+
+    def command(self, argv: Sequence[str]) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class ThisMachine:
+    name: str = "localhost"
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        return list(argv)
 
 
 @dataclass(frozen=True)
@@ -52,6 +73,9 @@ class Agent:
     start_when: str | None = None
     module: str = "torch.distributed.run"
 
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *self.args]
+
     def command_line(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         where = f"{self.host.name}$ "
@@ -63,13 +87,15 @@ class Agent:
 @dataclass(frozen=True)
 class AgentsResult:
     """``returncodes[i]`` is None for an agent we stopped (or that never started);
-    ``values`` maps each global rank to what its worker reported (last report wins)."""
+    ``values`` maps each global rank to what its worker reported (last report wins);
+    ``stopped`` lists the pids we had to kill at the end (each agent, then its tree)."""
 
     labels: list[str]
     returncodes: list[int | None]
     outputs: list[list[str]]
     values: dict
     seconds: float
+    stopped: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -108,31 +134,34 @@ def run_agents(agents: list[Agent], timeout: float = 60.0, echo: bool = True,
     runner = _Runner(agents, labels, run_dir, echo)
     try:
         runner.run(timeout, grace)
-        return AgentsResult(labels, runner.returncodes(), runner.outputs,
-                            _reported_values(run_dir), runner.seconds)
+        returncodes = runner.returncodes()  # before the stop: None for those it stops
+        stopped = runner.stop()
+        return AgentsResult(labels, returncodes, runner.outputs, RunFiles(run_dir).results(),
+                            runner.seconds, stopped)
     finally:
         runner.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class _Runner:
-    def __init__(self, agents, labels, run_dir, echo):
-        self.agents, self.labels, self.run_dir, self.echo = agents, labels, run_dir, echo
+    def __init__(self, agents: list[Agent], labels: list[str], run_dir: str, echo: bool):
+        self.agents, self.labels, self.run_dir = agents, labels, run_dir
+        self.echo = make_echo(echo)
         self.processes: list[subprocess.Popen | None] = [None] * len(agents)
         self.outputs: list[list[str]] = [[] for _ in agents]
-        self.partial = [b""] * len(agents)
-        self.selector = selectors.DefaultSelector()
+        self.output = OutputReader()
         self.seconds = 0.0
         self.first_failure: float | None = None
 
     def run(self, timeout: float, grace: float | None) -> None:
         started = time.monotonic()
         deadline = started + timeout
-        self._start_due()
-        while self.selector.get_map() and time.monotonic() < deadline:
-            for key, _ in self.selector.select(min(0.25, deadline - time.monotonic())):
-                self._read(key.data)
-            self._start_due()
+        self._start_due(())
+        while self.output.open and time.monotonic() < deadline:
+            # capped: an agent's exit does not close the pipe its workers still hold
+            for out in self.output.read(min(deadline, time.monotonic() + 0.25)):
+                self._take(out)
+                self._start_due(out.lines)
             if grace is not None and self._note_failure() is not None:
                 deadline = min(deadline, self.first_failure + grace)
         self.seconds = time.monotonic() - started
@@ -144,48 +173,33 @@ class _Runner:
             self.first_failure = time.monotonic()
         return self.first_failure
 
-    def _start_due(self) -> None:
-        waiting = [i for i, process in enumerate(self.processes) if process is None]
-        if not waiting:  # the usual case, on every pass of the read loop
-            return
-        text = "\n".join(line for lines in self.outputs for line in lines)
-        for i in waiting:
-            if (self.agents[i].start_when or "") in text:
+    def _start_due(self, new_lines: Sequence[str]) -> None:
+        """Start the agents not started yet whose ``start_when`` is in ``new_lines``."""
+        for i, agent in enumerate(self.agents):
+            if self.processes[i] is None and (not agent.start_when or any(
+                    agent.start_when in line for line in new_lines)):
                 self._start(i)
 
     def _start(self, i: int) -> None:
         agent = self.agents[i]
-        log_dir = os.path.join(self.run_dir, "logs", self.labels[i])
-        argv = [sys.executable, "-m", agent.module, f"--log-dir={log_dir}", *agent.args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", RUN_DIR_VAR: self.run_dir,
-               "PYTHONPATH": package_pythonpath(os.environ),
-               **agent.env}
-        process = subprocess.Popen(agent.host.command(argv), stdin=subprocess.DEVNULL,
+               "PET_LOG_DIR": os.path.join(self.run_dir, "logs", self.labels[i]),
+               "PYTHONPATH": package_pythonpath(os.environ), **agent.env}
+        process = subprocess.Popen(agent.host.command(agent.argv()), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env=env, start_new_session=True)
         self.processes[i] = process
-        os.set_blocking(process.stdout.fileno(), False)
-        self.selector.register(process.stdout, selectors.EVENT_READ, i)
+        self.output.add(process.stdout, owner=i)
 
-    def _read(self, i: int) -> None:
-        stdout = self.processes[i].stdout
-        try:
-            chunk = os.read(stdout.fileno(), 1 << 16)
-        except BlockingIOError:
-            return
-        if not chunk:
-            self.selector.unregister(stdout)
-            chunk = b"\n" if self.partial[i] else b""
-        *lines, self.partial[i] = (self.partial[i] + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            self.outputs[i].append(line)
-            if self.echo and not _NOT_ECHOED.match(line):
-                print(f"[{self.labels[i]}] {line}", flush=True)
+    def _take(self, out: Output) -> None:
+        self.outputs[out.owner].extend(out.lines)
+        for line in out.lines:
+            if not _NOT_ECHOED.match(line):
+                self.echo.line(self.labels[out.owner], line)
 
     def returncodes(self, seconds: float = 5.0) -> list[int | None]:
         """Once every output ended, the agents exit right after: give them a moment."""
-        if not self.selector.get_map():
+        if not self.output.open:
             until = time.monotonic() + seconds
             for process in filter(None, self.processes):
                 try:
@@ -194,19 +208,18 @@ class _Runner:
                     pass
         return [p.poll() if p is not None else None for p in self.processes]
 
-    def stop(self) -> None:
-        for process in self.processes:
-            if process is None:
-                continue
+    def stop(self) -> tuple[int, ...]:
+        """Kill every agent still running with all its workers, collect what they had
+        printed, and return the pids that were killed (each agent first)."""
+        stopped: list[int] = []
+        for process in filter(None, self.processes):
             if process.poll() is None:
-                kill_tree(process.pid)
+                stopped += kill_tree(process.pid)
             process.wait()
-            process.stdout.close()
-        self.selector.close()
-
-
-def _reported_values(run_dir: str) -> dict:
-    values = {}
-    for path in Path(run_dir).glob("rank*.result.pkl"):
-        values[int(path.name[4:].split(".")[0])] = pickle.loads(path.read_bytes())
-    return dict(sorted(values.items()))
+        until = time.monotonic() + DRAIN_S
+        while self.output.open and time.monotonic() < until:
+            for out in self.output.read(until):
+                self._take(out)
+        self.output.close()
+        self.echo.close()
+        return tuple(stopped)

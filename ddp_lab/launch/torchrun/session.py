@@ -6,7 +6,7 @@ torchrun's environment, rendezvous and restarts. Around it, the default launcher
 promises:
 
 - live output as ``[rank N] line``: torchrun tees every worker line to its own output
-  behind a prefix we pick (``torchrun_output.TeeDemux`` splits it back per rank);
+  behind a prefix we pick (``tee.TeeDemux`` splits it back per rank);
 - ``ddp_lab.report(value)`` becomes ``values[rank]``: the agent passes ``DDP_LAB_RUN_DIR``
   on to its workers and ``report`` writes there (without it, report does nothing);
 - a failing rank raises ``WorkerError`` naming the root cause: torchrun says which ranks
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import selectors
 import shutil
 import signal
 import subprocess
@@ -32,25 +31,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from ddp_lab.launch.config import RUN_DIR_VAR, LaunchConfig, RunFiles, write_pickle
 from ddp_lab.launch.echo import make_echo
+from ddp_lab.launch.environment import loopback_env, package_pythonpath, threads_per_rank
 from ddp_lab.launch.errors import DistributedRunError
 from ddp_lab.launch.outcome import RunResult, conclude
+from ddp_lab.launch.output import Output, OutputReader
 from ddp_lab.launch.process_tree import kill_tree, send, wait_gone
 from ddp_lab.launch.ranks import RankState
-from ddp_lab.launch.session import LaunchConfig, loopback_env, threads_per_rank
+from ddp_lab.launch.record import RunRecord
 from ddp_lab.launch.torchrun.agent import FAILURES_FILE
-from ddp_lab.launch.torchrun.output import PREFIX_TEMPLATE, TeeDemux, error_record
-from ddp_lab.launch.worker import RUN_DIR_VAR, RunFiles, _write
+from ddp_lab.launch.torchrun.tee import PREFIX_TEMPLATE, TeeDemux, error_record
 
 STACK_WAIT_S = 3.0  # how long stuck workers get to print their stacks after SIGABRT
 STOPPED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL)  # how torchrun stops a worker's peers
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-def package_pythonpath(env: dict[str, str]) -> str:
-    """``env``'s PYTHONPATH with this ddp_lab's folder first: the agent and its workers
-    import this very copy, installed or not."""
-    return os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
 
 
 def run_with_torchrun(config: LaunchConfig) -> RunResult:
@@ -59,7 +53,7 @@ def run_with_torchrun(config: LaunchConfig) -> RunResult:
     with TorchrunSession(config) as session:
         session.start()
         session.wait()
-        return conclude(session)
+        return conclude(session.record())
 
 
 def torchrun_args(config: LaunchConfig, log_dir: str) -> list[str]:
@@ -80,13 +74,14 @@ def agent_env(config: LaunchConfig, run_dir: str) -> dict[str, str]:
 
 
 class TorchrunSession:
-    """Quacks like ``session.Session`` for ``outcome.conclude``: ranks, files, logs()."""
+    """Use as ``with TorchrunSession(config) as s: s.start(); s.wait()``, then
+    ``s.record()`` for ``outcome.conclude``, as with ``session.Session``."""
 
     def __init__(self, config: LaunchConfig):
         self.config = config
         self.ranks = [RankState(r) for r in range(config.world_size)]
-        self.agent_state = RankState(-1)  # the agent's own (unprefixed) output
-        self.demux = TeeDemux()
+        self.agent_lines: list[str] = []  # the agent's own (unprefixed) output
+        self.output = OutputReader()
         self.echo = make_echo(config.echo)
         self.timed_out = False
         self.stacks: dict[int, str] = {}
@@ -108,23 +103,22 @@ class TorchrunSession:
                                       env=agent_env(self.config, self.run_dir))
         if hasattr(resource, "prlimit"):  # Linux: no core files when a stuck worker is
             resource.prlimit(self.agent.pid, resource.RLIMIT_CORE, (0, 0))  # sent SIGABRT
-        os.set_blocking(self.agent.stdout.fileno(), False)
+        self.output.add(self.agent.stdout, route=TeeDemux().feed)
 
     # -- the run ------------------------------------------------------------------------
     def wait(self) -> None:
         from ddp_lab.launch.heartbeat import Heartbeat
         heartbeat = Heartbeat(self.config.timeout, enabled=self.config.echo)
         deadline = self.started + self.config.timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.agent.stdout, selectors.EVENT_READ)
-            while not self._read(selector, min(deadline, heartbeat.next_at(self.started))):
-                if time.monotonic() >= deadline:
-                    self._time_out()
-                    break
-                heartbeat.maybe_beat(self.started, list(range(self.config.world_size)))
-        for state in [*self.ranks, self.agent_state]:
-            if state.partial:  # a last line without its newline
-                self._take(state.rank if state.rank >= 0 else None, b"\n")
+        while self.output.open:
+            if time.monotonic() >= deadline:
+                self._time_out()
+                break
+            for out in self.output.read(min(deadline, heartbeat.next_at(self.started))):
+                self._take(out)
+            heartbeat.maybe_beat(self.started, list(range(self.config.world_size)))
+        for out in self.output.flush():  # last lines without their newline
+            self._take(out)
         try:
             self.agent.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:  # its output closed, yet it does not exit
@@ -133,33 +127,16 @@ class TorchrunSession:
         self.seconds = time.monotonic() - self.started
         self._settle()
 
-    def _read(self, selector, until: float) -> bool:
-        """Handle output until ``until``; True once the agent closed its output."""
-        while time.monotonic() < until:
-            if not selector.select(max(0.0, until - time.monotonic())):
-                continue
-            try:
-                chunk = os.read(self.agent.stdout.fileno(), 1 << 16)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                return True
-            for owner, text in self.demux.feed(chunk):
-                self._take(owner, text)
-        return False
-
-    def _take(self, owner: int | None, text: bytes) -> None:
-        state = self.agent_state if owner is None else self.ranks[owner]
-        lines, status = state.feed(text)
+    def _take(self, out: Output) -> None:
+        if out.owner is None:
+            self.agent_lines.extend(out.lines)
+            for line in out.lines:
+                self.echo.line("torchrun", line)
+            return
+        state = self.ranks[out.owner]
         state.exit_time = time.monotonic()  # last sign of life, for the root cause order
-        for line in lines:
-            if owner is None:
-                if self.config.echo:
-                    print(f"[torchrun] {line}", flush=True)
-            else:
-                self.echo.line(owner, line)
-        if status is not None and owner is not None:
-            self.echo.status(owner, status)
+        state.lines.extend(out.lines)
+        self.echo.show(out.owner, out.lines, out.status)
 
     def _time_out(self) -> None:
         """Ask every stuck worker for its stack (SIGABRT + faulthandler), then stop all."""
@@ -190,7 +167,7 @@ class TorchrunSession:
         if self.agent.returncode != 0 and not failures and not self.timed_out:
             raise DistributedRunError(
                 f"torchrun's agent failed before the ranks finished (exit code "
-                f"{self.agent.returncode}):\n" + "\n".join(self.agent_state.lines[-20:]))
+                f"{self.agent.returncode}):\n" + "\n".join(self.agent_lines[-20:]))
         for state in self.ranks:
             failure = failures.get(str(state.rank))
             state.exitcode = failure["exitcode"] if failure else 0
@@ -198,14 +175,15 @@ class TorchrunSession:
             state.stopped_by_launcher = state.exitcode in STOPPED_BY_AGENT
             record = error_record("\n".join(state.lines)) if failure else None
             if record:
-                _write(self.files.error(state.rank), {**record, "time": state.exit_time})
+                write_pickle(self.files.error(state.rank), {**record, "time": state.exit_time})
 
     def _failures(self) -> dict:
         path = Path(self.run_dir, FAILURES_FILE)
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def logs(self) -> list[str]:
-        return ["\n".join(s.lines) for s in self.ranks]
+    def record(self) -> RunRecord:
+        return RunRecord(self.config, tuple(s.record() for s in self.ranks), self.files,
+                         self.seconds, self.timed_out, dict(self.stacks))
 
     # -- cleanup ------------------------------------------------------------------------
     def __exit__(self, *exc) -> None:
@@ -217,6 +195,7 @@ class TorchrunSession:
                 self.agent.stdin.close()
                 self.agent.stdout.close()
         finally:
+            self.output.close()
             self.echo.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
 

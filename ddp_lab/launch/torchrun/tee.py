@@ -14,6 +14,7 @@ import re
 
 PREFIX_TEMPLATE = "\x1e${rank}\x1f"
 _PREFIX = re.compile(rb"\x1e(\d+)\x1f")
+_CUT_PREFIX = re.compile(rb"\x1e\d*")  # what the pipe may have left of a prefix at a chunk's end
 _TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]: ?")  # torch's excepthook tags traceback lines
 _EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::\s?(?P<message>.*))?$")
 
@@ -39,17 +40,19 @@ class TeeDemux:
     def _route(self, text: bytes, pieces: list) -> None:
         """Text up to a newline belongs to the current owner; after it, to the agent
         (a worker's next line comes behind a new prefix)."""
-        while text:
-            head, newline, text = text.partition(b"\n")
-            pieces.append((self.owner, head + newline))
-            if newline:
-                self.owner = None
+        *lines, rest = text.split(b"\n")
+        for line in lines:
+            pieces.append((self.owner, line + b"\n"))
+            self.owner = None
+        if rest:
+            pieces.append((self.owner, rest))
 
     @staticmethod
     def _split_safe(data: bytes) -> tuple[bytes, bytes]:
-        """Hold back a prefix cut in two by the pipe (``\\x1e12`` without its ``\\x1f``)."""
+        """Hold back a prefix cut in two by the pipe (``\\x1e12`` without its ``\\x1f``):
+        only those few bytes, so a stray ``\\x1e`` in a worker's output holds back nothing."""
         start = data.rfind(b"\x1e")
-        if start != -1 and b"\x1f" not in data[start:]:
+        if start != -1 and _CUT_PREFIX.fullmatch(data, start):
             return data[:start], data[start:]
         return data, b""
 

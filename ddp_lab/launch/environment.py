@@ -1,0 +1,60 @@
+"""The environment a rank (or torchrun's agent) starts with: torchrun's variables, networking
+kept on loopback, a fair share of the cores, and this very ddp_lab on the import path.
+
+Both launchers build on it, so a script sees the same world under ``ddp_lab`` and under
+``launcher="torchrun"``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ddp_lab.launch.config import RUN_DIR_VAR, LaunchConfig
+
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+def loopback_env(config: LaunchConfig) -> dict[str, str]:
+    """This process's environment with gloo and NCCL kept off the network (one machine),
+    then the caller's ``env=``, which may override both."""
+    loopback = loopback_interface()
+    return {**os.environ, "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback,
+            **config.env}
+
+
+def run_env(config: LaunchConfig, port: int, run_dir: str) -> dict[str, str]:
+    """The environment torchrun would give every rank, plus loopback-only networking."""
+    env = loopback_env(config)
+    n = config.world_size
+    env.update({
+        "GROUP_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+        "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": str(threads_per_rank(n)),
+        "PYTHONUNBUFFERED": "1", RUN_DIR_VAR: run_dir,
+    })
+    return env
+
+
+def rank_env(base_env: dict[str, str], rank: int) -> dict[str, str]:
+    return {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
+
+
+def threads_per_rank(world_size: int) -> int:
+    """Ranks share the cores: oversubscribed OpenMP threads make collectives crawl."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // world_size)
+
+
+def loopback_interface() -> str:
+    import psutil
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addresses):
+            return name
+    return "lo"
+
+
+def package_pythonpath(env: dict[str, str]) -> str:
+    """``env``'s PYTHONPATH with this ddp_lab's folder first: the fork server, torchrun's
+    agent and their workers import this very copy, installed or not."""
+    return os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
