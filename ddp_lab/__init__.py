@@ -3,6 +3,7 @@
     import ddp_lab
     res = ddp_lab.run(fn, world_size=4)   # fn runs on 4 ranks, process group ready
     res.values, res.logs, res.seconds
+    ddp_lab.spawn(demo, args=(4,), nprocs=4)   # an mp.spawn-style demo(rank, world_size)
 """
 
 from ddp_lab.launch.errors import DistributedRunError, WorkerError, WorkerTimeout
@@ -10,9 +11,10 @@ from ddp_lab.launch.api import run, run_script
 from ddp_lab.launch.magic import load_ipython_extension
 from ddp_lab.launch.outcome import RunResult
 from ddp_lab.launch.progress import progress
+from ddp_lab.launch.spawn import spawn
 from ddp_lab.launch.spawner import shutdown
 from ddp_lab.launch.worker import report
 
-__all__ = ["run", "run_script", "report", "RunResult", "DistributedRunError", "WorkerError",
-           "WorkerTimeout", "shutdown", "progress", "load_ipython_extension"]
+__all__ = ["run", "run_script", "spawn", "report", "RunResult", "DistributedRunError",
+           "WorkerError", "WorkerTimeout", "shutdown", "progress", "load_ipython_extension"]
 __version__ = "0.1.0"

@@ -60,6 +60,28 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def strays() -> list[psutil.Process]:
+    """Processes that are no descendants of ours (a helper that moved to a session of its
+    own and lost its parent ends up under init) yet run in one of our run folders."""
+    prefix = os.path.join(tempfile.gettempdir(), f"ddp_lab-{os.getpid()}-")
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    found = []
+    for process in psutil.process_iter():
+        try:
+            env = process.environ() if process.pid not in ours else {}
+            if env.get("DDP_LAB_RUN_DIR", "").startswith(prefix) and _alive(process):
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+def pytest_addoption(parser):
+    parser.addoption("--stress-runs", type=int, default=None,
+                     help="runs of tests/launch/test_stress.py (default: "
+                          "$DDP_LAB_STRESS_RUNS, else 200)")
+
+
 def run_folders() -> set[str]:
     """Run folders of launches made by this test process (others may be running too)."""
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"ddp_lab-{os.getpid()}-*")))
@@ -70,9 +92,9 @@ def nothing_left_behind():
     folders_before = run_folders()
     yield
     deadline = time.monotonic() + 10
-    while leftover_processes() and time.monotonic() < deadline:
+    while (leftover_processes() or strays()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = leftover_processes()
+    left = leftover_processes() + strays()
     assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
     listening = [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
     assert not listening, f"ports left listening: {listening}"

@@ -32,7 +32,17 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
                           timeout=checks.check_timeout(timeout), env=checks.check_env(env),
                           echo=bool(echo))
     args, kwargs = checks.check_call_args(args, kwargs)
-    return _launch(config, pickle_payload(fn, args, kwargs))
+    payload = pickle_payload(fn, args, kwargs)
+    checks.check_signature(fn, args, kwargs, RUN_CALL_ADVICE)
+    return _launch(config, payload)
+
+
+RUN_CALL_ADVICE = (
+    "ddp_lab.run calls fn(*args, **kwargs) on every rank with the default process group "
+    "already initialized (the rank is dist.get_rank()). A function written for "
+    "torch.multiprocessing.spawn, fn(rank, ...) that sets MASTER_ADDR/MASTER_PORT and calls "
+    "init_process_group itself, runs unchanged with ddp_lab.spawn(fn, args=(world_size,), "
+    "nprocs=world_size).")
 
 
 def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto",
@@ -87,6 +97,7 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
     __tracebackhide__ = True
     if config.backend == "nccl":
         checks.check_gpus("nccl", config.world_size, _gpu_count())
+    checks.check_resources(config.world_size)
     get_fork_server()  # it imports torch while this process resolves the backend
     config = replace(config, backend=resolve_backend(config.backend, config.world_size))
     with Session(config, payload) as session:
@@ -98,6 +109,7 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
 def _checked_backend(config: LaunchConfig) -> LaunchConfig:
     if config.backend == "nccl":
         checks.check_gpus("nccl", config.world_size, _gpu_count())
+    checks.check_resources(config.world_size)
     return replace(config, backend=resolve_backend(config.backend, config.world_size))
 
 

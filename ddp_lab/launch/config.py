@@ -28,6 +28,7 @@ class LaunchConfig:
     echo: bool = True
     script: str | None = None
     script_args: tuple = ()
+    init_group: bool = True  # False for ddp_lab.spawn: fn(rank, ...) initializes its own
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class RankSpec:
     pg_timeout_s: float
     script: str | None = None  # None: call the pickled function in run_dir/payload.pkl
     script_args: tuple = ()
+    init_group: bool = True
 
 
 class RunFiles:

@@ -14,13 +14,22 @@ from ddp_lab.launch.config import RUN_DIR_VAR, LaunchConfig
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 
+# torch 2.13's init_process_group and new_group end with a store-based barrier only when
+# this is 1 (torch/distributed/distributed_c10d.py: _is_barrier_after_init, read at the end
+# of init_process_group; off by default since 04/2023 because it costs at scale). Without
+# it a rank whose fn runs no collective can return and close its gloo sockets while a peer
+# is still in connectFullMesh, which then fails with "Connection closed by peer" (4 to 8
+# runs in 500 of a 4-rank no-op on 2 cores; 0 in 1000 with the barrier).
+INIT_BARRIER_VAR = "TORCH_DIST_INIT_BARRIER"
+
 
 def loopback_env(config: LaunchConfig) -> dict[str, str]:
-    """This process's environment with gloo and NCCL kept off the network (one machine),
-    then the caller's ``env=``, which may override both."""
+    """This process's environment with gloo and NCCL kept off the network (one machine)
+    and a barrier after process-group set-up, then the caller's ``env=``, which may
+    override all three."""
     loopback = loopback_interface()
     return {**os.environ, "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback,
-            **config.env}
+            INIT_BARRIER_VAR: "1", **config.env}
 
 
 def run_env(config: LaunchConfig, port: int, run_dir: str) -> dict[str, str]:

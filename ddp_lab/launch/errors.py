@@ -40,8 +40,13 @@ class WorkerError(DistributedRunError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        head = f"rank {self.rank} failed ({describe_exit(self.exitcode)}); it is the root cause."
-        lines = [head, "", self.traceback.rstrip() or "(no Python traceback: see its log)"]
+        if self.exitcode == 0:  # it left without an error; the hint says how
+            lines = [f"rank {self.rank} left the run early (exit code 0, no error of its "
+                     "own); it is the root cause."]
+        else:
+            lines = [f"rank {self.rank} failed ({describe_exit(self.exitcode)}); it is the "
+                     "root cause.", "",
+                     self.traceback.rstrip() or "(no Python traceback: see its log)"]
         if self.hint:
             lines += ["", self.hint]
         if self.knock_on:
@@ -52,6 +57,33 @@ class WorkerError(DistributedRunError):
             lines += ["", "These ranks failed on their own as well:"]
             lines += [f"  rank {r}: {why}" for r, why in sorted(self.also_failed.items())]
         lines += ["", "Each rank's full output is in err.logs[rank]."]
+        return "\n".join(lines)
+
+
+class UnreadableResult(DistributedRunError):
+    """Every rank finished, but what some ranks returned cannot be unpickled in this process.
+
+    Attributes: rank (the first such rank), reasons (dict rank -> the unpickling error),
+    values (every rank's value, None where unreadable), logs.
+    """
+
+    def __init__(self, reasons: dict[int, str], values: list, logs: list[str]):
+        self.reasons = dict(sorted(reasons.items()))
+        self.rank = min(self.reasons)
+        self.values = values
+        self.logs = logs
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        lines = [f"rank {self.rank} finished, but its return value cannot be unpickled here: "
+                 f"{self.reasons[self.rank]}"]
+        lines += [f"  rank {r} too: {why}" for r, why in self.reasons.items() if r != self.rank]
+        lines += ["", "A rank's value is pickled on the rank and rebuilt in this process, so "
+                  "it must be made of things this process can import and rebuild (not a class "
+                  "only the ranks can import, nor one whose __reduce__ or __setstate__ fails). "
+                  "Return plain data instead: numbers, strings, lists, dicts, CPU tensors.",
+                  "The other ranks' values are in err.values (None where unreadable); each "
+                  "rank's output is in err.logs[rank]."]
         return "\n".join(lines)
 
 
@@ -72,13 +104,14 @@ class WorkerTimeout(DistributedRunError):
 
     def _message(self) -> str:
         done = sorted(set(range(len(self.logs))) - set(self.stuck_ranks))
+        from ddp_lab.launch.stacks import hang_advice, waiting_in
+        advice = hang_advice([self.stacks.get(r, "") for r in self.stuck_ranks])
         lines = [f"timed out after {self.timeout:g} s: ranks {self.stuck_ranks} were still "
                  f"running" + (f" (ranks {done} had finished)." if done else "."),
-                 "A collective that some rank never joins, or a send/recv with no matching "
-                 "peer, waits forever: check that every rank calls the same collectives in "
-                 "the same order (uneven data is the usual cause), or raise timeout= if the "
-                 "work is just slow.", ""]
-        from ddp_lab.launch.stacks import waiting_in
+                 advice or "A collective that some rank never joins, or a send/recv with no "
+                 "matching peer, waits forever: check that every rank calls the same "
+                 "collectives in the same order (uneven data is the usual cause), or raise "
+                 "timeout= if the work is just slow.", ""]
         for rank in self.stuck_ranks:
             stack = self.stacks.get(rank, "(no stack)")
             where = waiting_in(stack)
@@ -107,3 +140,17 @@ def short_message(message: str, limit: int = 120) -> str:
     """First line, without gloo's '[/path/to/pair.cc:553] ' prefix, cut at a word."""
     first = re.sub(r"^\[[^\]]*\]\s*", "", (message.strip().splitlines() or [""])[0])
     return first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def safe_message(exc: BaseException) -> str:
+    """``str(exc)``, or the best that can be said when the exception's own ``__str__``
+    raises: a bug in an exception class must not hide the error it reports."""
+    try:
+        return str(exc)
+    except Exception as failure:  # noqa: BLE001
+        why = type(failure).__name__
+    try:
+        shown = repr(exc)
+    except Exception:  # noqa: BLE001
+        shown = f"<{type(exc).__name__} object>"
+    return f"{shown} (its message could not be formatted: its __str__ raised {why})"

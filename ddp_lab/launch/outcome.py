@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddp_lab.launch.config import read_pickle
-from ddp_lab.launch.errors import (DistributedRunError, WorkerError, WorkerTimeout, describe_exit,
-                            short_message)
+from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
+                                   WorkerTimeout, describe_exit, safe_message, short_message)
 from ddp_lab.launch.heartbeat import describe_ranks
 from ddp_lab.launch.record import RankRecord, RunRecord
 from ddp_lab.launch.stacks import describe_crash
@@ -60,8 +60,22 @@ def conclude(run: RunRecord) -> RunResult:
     failed = [s for s in run.ranks if s.exitcode != 0]
     if failed:
         raise _worker_error(run, failed, logs)
-    values = [read_pickle(run.files.result(s.rank)) for s in run.ranks]
-    return RunResult(values, logs, run.seconds, run.config.backend)
+    return RunResult(_read_values(run, logs), logs, run.seconds, run.config.backend)
+
+
+def _read_values(run: RunRecord, logs: list[str]) -> list:
+    """Each rank's value. One this process cannot unpickle raises an error naming its rank,
+    with every other rank's value still on it (``err.values``)."""
+    values, reasons = [], {}
+    for state in run.ranks:
+        try:
+            values.append(read_pickle(run.files.result(state.rank)))
+        except Exception as exc:  # noqa: BLE001 - unpickling runs arbitrary code
+            values.append(None)
+            reasons[state.rank] = f"{type(exc).__name__}: {short_message(safe_message(exc), 300)}"
+    if reasons:
+        raise UnreadableResult(reasons, values, logs)
+    return values
 
 
 def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> DistributedRunError:
@@ -71,7 +85,7 @@ def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> Distributed
     records = {s.rank: read_pickle(run.files.error(s.rank)) for s in failed}
     logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
             for r, log in enumerate(logs)]
-    root = _root_cause(failed, records)
+    root, hint = _blame(run, failed, records)
     others = [s for s in failed if s is not root]
     own = {s.rank for s in others if _failed_on_its_own(s, records.get(s.rank))}
     knock_on = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
@@ -80,8 +94,18 @@ def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> Distributed
                    for s in others if s.rank in own}
     record = records.get(root.rank)
     trace = record["traceback"] if record else describe_crash(logs[root.rank])
-    return WorkerError(root.rank, root.exitcode, trace, logs, knock_on,
-                       hint=_early_exit_hint(run, root, records), also_failed=also_failed)
+    return WorkerError(root.rank, root.exitcode, "" if root.exitcode == 0 else trace, logs,
+                       knock_on, hint=hint, also_failed=also_failed)
+
+
+def _blame(run: RunRecord, failed: list[RankRecord], records) -> tuple[RankRecord, str]:
+    """The root-cause rank and a hint. When every failure is a broken connection and some
+    rank ended cleanly, that rank left its peers waiting: it is the root cause."""
+    root = _root_cause(failed, records)
+    leaver = _early_leaver(run) if looks_like_knock_on(records.get(root.rank)) else None
+    if leaver is None:
+        return root, _double_init_hint(records.get(root.rank))
+    return leaver, _early_exit_hint(run, leaver, records[root.rank])
 
 
 def _failed_on_its_own(state: RankRecord, record) -> bool:
@@ -90,18 +114,50 @@ def _failed_on_its_own(state: RankRecord, record) -> bool:
         not looks_like_knock_on(record)
 
 
-def _early_exit_hint(run: RunRecord, root: RankRecord, records) -> str:
-    """Gloo turns 'a peer left while we wait in a collective' into a connection error: say
-    so when the 'root cause' is such an error and some rank had already finished."""
-    if not looks_like_knock_on(records.get(root.rank)):
-        return ""
+def _early_leaver(run: RunRecord) -> RankRecord | None:
+    """The rank that ended cleanly first, preferring one that left fn without a value
+    (``os._exit(0)`` or ``sys.exit(0)`` inside fn write no result file)."""
+    finished = [s for s in run.ranks if s.exitcode == 0]
+    silent = [s for s in finished if _left_fn_early(run, s)]
+    return min(silent or finished, key=lambda s: s.exit_time or 0.0, default=None)
+
+
+def _left_fn_early(run: RunRecord, state: RankRecord) -> bool:
+    return run.config.script is None and not run.files.result(state.rank).exists()
+
+
+def _early_exit_hint(run: RunRecord, leaver: RankRecord, knock_on: dict) -> str:
+    """Gloo turns 'a peer left while we wait for it' into a connection error: say who left
+    and why that breaks the others."""
+    who = f"Rank {leaver.rank}"
+    if "connectfullmesh" in knock_on["message"].lower():
+        return (f"{who} returned while the others were still connecting to it in "
+                "init_process_group: no rank may leave before every rank has set the group "
+                "up. ddp_lab makes init_process_group wait for all ranks "
+                "(TORCH_DIST_INIT_BARRIER=1) unless env= turns that off.")
+    if _left_fn_early(run, leaver):
+        return (f"{who} ended before fn returned, without a value (os._exit() or sys.exit() "
+                "inside fn stop a rank at once), while the others still waited for it in a "
+                "collective: return from fn instead, after the same collectives as every "
+                "other rank.")
     finished = [s.rank for s in run.ranks if s.exitcode == 0]
-    if not finished:
-        return ""
     return (f"{describe_ranks(finished).capitalize()} returned while the others still waited in a "
             "collective: the ranks did not call the same collectives the same number of "
             "times (uneven data per rank is the usual cause; see notebook 08 and "
             "torch.distributed.algorithms.Join).")
+
+
+def _double_init_hint(record: dict | None) -> str:
+    """fn initialized the group that ddp_lab.run had already initialized: it was written for
+    torch.multiprocessing.spawn (or torchrun), where the function sets up its own group."""
+    if not record or "default process group twice" not in record["message"]:
+        return ""
+    return ("fn calls init_process_group itself, but ddp_lab.run has already initialized "
+            "the default group for it. Either drop that call (and the MASTER_ADDR/"
+            "MASTER_PORT lines) from fn, or keep fn unchanged: a function written for "
+            "torch.multiprocessing.spawn, fn(rank, ...), runs with ddp_lab.spawn(fn, "
+            "args=(world_size,), nprocs=world_size); a torchrun script runs with "
+            "ddp_lab.run_script(path, world_size=N).")
 
 
 def _root_cause(failed, records):
@@ -123,7 +179,7 @@ def looks_like_knock_on(record: dict | None) -> bool:
 
 def _knock_on_reason(state: RankRecord, record, root_rank: int) -> str:
     if state.stopped_by_launcher:
-        return f"stopped by the launcher after rank {root_rank} failed"
+        return f"stopped by the launcher after rank {root_rank} brought the run down"
     if record:
         return f"{record['type']}: {short_message(record['message'])}"
     return describe_exit(state.exitcode)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 def kill_tree(root_pid: int) -> list[int]:
@@ -21,6 +24,26 @@ def kill_tree(root_pid: int) -> list[int]:
     tree = descendants(root_pid)
     kill_all([*tree, root_pid])
     return [root_pid, *tree]
+
+
+def become_subreaper() -> bool:
+    """Make orphans below this process its children instead of init's (Linux only; False
+    elsewhere): a grandchild that moved to a session of its own and whose parent died is
+    still ours to find and stop. https://man7.org/linux/man-pages/man2/prctl.2.html"""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` now, zombies included."""
+    import psutil
+    try:
+        return [p.pid for p in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def descendants(pid: int) -> list[int]:
@@ -59,14 +82,15 @@ def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
     deadline = time.monotonic() + seconds
     alive = list(pids)
     while alive:
-        alive = [pid for pid in alive if _running(pid)]
+        alive = [pid for pid in alive if running(pid)]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     return alive
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
     import psutil
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

@@ -1,19 +1,21 @@
 """One run's machinery: a private folder, a loopback rendezvous, N ranks, their output,
 their deadline, and a cleanup that leaves nothing behind whatever happened.
 
-The rendezvous store lives here in the launcher (as torchrun's agent hosts it), on a socket
-bound to 127.0.0.1 that we open ourselves, so the port is ours from the start (no race with
-another run) and nobody on the network can join. Ranks reach it as ``env://`` clients
-(TORCHELASTIC_USE_AGENT_STORE), so worker scripts run unchanged under torchrun.
+Interrupt-safe by construction: ``__enter__`` creates nothing, so from the moment a
+Session exists its ``__exit__`` runs; every resource is registered for cleanup the moment
+it is created, with Ctrl-C held back in between (interrupts.py); cleanup holds Ctrl-C back
+until it is done and then raises it. The call is bounded whatever the ranks or the fork
+server do: it ends within ``timeout`` + ``BOUND_SLACK_S`` (a server that stops answering
+is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -21,14 +23,24 @@ import time
 from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
 from ddp_lab.launch.echo import make_echo
 from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
+from ddp_lab.launch.errors import DistributedRunError
+from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.output import Output, OutputReader
 from ddp_lab.launch.ranks import RankState
 from ddp_lab.launch.record import RunRecord
-from ddp_lab.launch.spawner import get_fork_server
+from ddp_lab.launch.rendezvous import loopback_store
+from ddp_lab.launch.spawner import SPAWN_REPLY_TIMEOUT, ForkServerDied, get_fork_server
 
 FAILURE_GRACE_S = 2.0   # after a rank fails, peers get this long to fail on their own
 STACK_WAIT_S = 2.0      # how long to wait for stuck ranks to write their stacks
-EXIT_WAIT_S = 10.0      # how long cleanup waits for killed ranks to be reaped
+KILL_WAIT_S = 3.0       # killed ranks not reported gone by then: the fork server is wedged
+END_WAIT_S = 4.0        # for the fork server to put the run's leftovers down (reaper.GRACE_S)
+START_SLACK_S = 6.0     # starting the ranks may eat this much into the deadline's slack
+BOUND_SLACK_S = 15.0    # the call ends by timeout + this, whatever happens
+
+
+class ForkServerUnresponsive(DistributedRunError):
+    """The fork server stopped answering (stopped with SIGSTOP, or wedged)."""
 
 
 class Session:
@@ -39,39 +51,60 @@ class Session:
         self.payload = payload
         self.ranks = [RankState(r) for r in range(config.world_size)]
         self.events: queue.Queue = queue.Queue()
-        self.output = OutputReader()
         self.timed_out = False
         self.stacks: dict[int, str] = {}
-        self.killing = False  # ranks were sent SIGKILL; only their exit reports are awaited
+        self.killed: set[int] = set()  # pids sent SIGKILL; only their exit reports are awaited
+        self.kill_sent = float("inf")
+        self.requested = 0  # spawn requests sent (ranks[:requested] have a pid, or will)
+        self.server = None
+        self.fds: dict[str, int] = {}  # closed once, by name: a number may be reused at once
         self.echo = make_echo(config.echo)
         self.seconds = 0.0
+        self._cleanup = contextlib.ExitStack()
+
+    def __enter__(self) -> "Session":
+        return self  # creates nothing: once the with-block is entered, __exit__ will run
 
     # -- set-up -------------------------------------------------------------------------
-    def __enter__(self) -> "Session":
-        # mkdtemp makes it 0700; the pid says whose it is
-        self.run_dir = tempfile.mkdtemp(prefix=f"ddp_lab-{os.getpid()}-")
-        self.files = RunFiles(self.run_dir)
-        if self.payload is not None:
-            self.files.payload.write_bytes(self.payload)
-        self.lifeline_r, self.lifeline_w = os.pipe()
-        self.server = get_fork_server()
-        self.store, self.port = _loopback_store(self.config.world_size)
-        self.base_env = run_env(self.config, self.port, self.run_dir)
-        return self
-
     def start(self) -> None:
+        self.entered = time.monotonic()
+        self.limit = self.entered + self.config.timeout + START_SLACK_S
+        self._set_up()
         for state in self.ranks:
             self._spawn(state)
         self._await_spawned()
         self.started = time.monotonic()
 
+    def _set_up(self) -> None:
+        keep = self._cleanup.callback
+        with deferred():  # mkdtemp makes it 0700; the pid says whose it is
+            self.run_dir = tempfile.mkdtemp(prefix=f"ddp_lab-{os.getpid()}-")
+            keep(shutil.rmtree, self.run_dir, ignore_errors=True)
+        self.files = RunFiles(self.run_dir)
+        if self.payload is not None:
+            self.files.payload.write_bytes(self.payload)
+        with deferred():
+            self.output = OutputReader()
+            keep(self.output.close)
+        with deferred():  # the lifeline: ranks die when its write end closes (worker.py)
+            self.fds["lifeline_r"], self.fds["lifeline_w"] = os.pipe()
+            keep(self._close, "lifeline_r", "lifeline_w")
+        self.server = get_fork_server()
+        with deferred():
+            self.store, self.port = loopback_store(self.config.world_size)
+            keep(setattr, self, "store", None)  # its destructor stops the server thread
+        self.base_env = run_env(self.config, self.port, self.run_dir)
+
     def _spawn(self, state: RankState) -> None:
-        out_r, out_w = os.pipe()
-        self.output.add(out_r, owner=state.rank)
-        try:
-            self.server.spawn(self._spec(state.rank), [out_w, self.lifeline_r], self.events)
-        finally:
-            os.close(out_w)
+        spec = self._spec(state.rank)
+        with deferred():  # the request is sent and counted, or neither
+            out_r, out_w = os.pipe()
+            try:
+                self.output.add(out_r, owner=state.rank)
+                self.server.spawn(spec, [out_w, self.fds["lifeline_r"]], self.events)
+                self.requested += 1
+            finally:
+                os.close(out_w)
 
     def _spec(self, rank: int) -> RankSpec:
         c = self.config
@@ -80,27 +113,28 @@ class Session:
                         sys_path=tuple(sys.path), backend=c.backend,
                         threads=threads_per_rank(c.world_size),
                         pg_timeout_s=c.timeout + 60.0, script=c.script,
-                        script_args=c.script_args)
+                        script_args=c.script_args, init_group=c.init_group)
 
     def _await_spawned(self) -> None:
-        from ddp_lab.launch.spawner import SPAWN_REPLY_TIMEOUT
-        for state in self.ranks:
-            event = self.events.get(timeout=SPAWN_REPLY_TIMEOUT)
-            if event[0] != "spawned":
+        until = min(self.entered + SPAWN_REPLY_TIMEOUT, self.limit)
+        while any(s.pid is None for s in self.ranks):
+            if not self.server.alive and not self.server.wedged:
                 raise RuntimeError("the ddp_lab fork server died while starting ranks; "
                                    "run again (a new one is started)")
-            state.pid = event[1]
+            if time.monotonic() >= until or self.server.wedged:
+                self._abandon_server("while starting the ranks")
+            self._drain_events(block_s=min(0.25, max(0.0, until - time.monotonic())))
 
     # -- the run ------------------------------------------------------------------------
     def wait(self) -> None:
         """Stream output until every rank has exited, enforcing grace and deadline."""
         from ddp_lab.launch.heartbeat import Heartbeat
         heartbeat = Heartbeat(self.config.timeout, enabled=self.config.echo)
-        deadline = self.started + self.config.timeout
-        while any(s.exit_time is None for s in self.ranks):
+        deadline = min(self.started + self.config.timeout, self.limit)
+        while any(s.running for s in self.ranks):
             now = time.monotonic()
             self._enforce(now, deadline)
-            if self.killing:
+            if self.killed:
                 wakeup = now + 0.05
             else:
                 wakeup = min(deadline, self._grace_end(), heartbeat.next_at(self.started))
@@ -110,7 +144,9 @@ class Session:
 
     def _enforce(self, now: float, deadline: float) -> None:
         running = [s for s in self.ranks if s.running]
-        if not running or self.killing:
+        if self.server.wedged or now >= self.kill_sent + KILL_WAIT_S:
+            self._abandon_server("during the run")
+        if not running or self.killed:
             return
         if now >= self._grace_end():
             for state in running:
@@ -122,9 +158,11 @@ class Session:
             self._kill(running)
 
     def _kill(self, states: list[RankState]) -> None:
-        self.killing = True
+        self.kill_sent = min(self.kill_sent, time.monotonic())
         for state in states:
-            self.server.signal(state.pid, signal.SIGKILL)
+            if state.pid not in self.killed:
+                self.killed.add(state.pid)
+                self.server.signal(state.pid, signal.SIGKILL)
 
     def _first_failure(self) -> float | None:
         times = [s.exit_time for s in self.ranks if s.exitcode not in (None, 0)]
@@ -142,30 +180,36 @@ class Session:
                 self._show(out)
             self._drain_events(block_s=0.0)
         else:  # every pipe is closed: only exit reports are still to come
-            self._drain_events(block_s=min(timeout, 3600.0))
+            self._drain_events(block_s=min(timeout, 0.25))
 
     def _show(self, out: Output) -> None:
         self.ranks[out.owner].lines.extend(out.lines)
         self.echo.show(out.owner, out.lines, out.status)
 
     def _drain_events(self, block_s: float) -> None:
-        by_pid = {s.pid: s for s in self.ranks}
         try:
             event = self.events.get(timeout=block_s) if block_s else self.events.get_nowait()
             while True:
-                self._on_event(event, by_pid)
+                self._on_event(event)
                 event = self.events.get_nowait()
         except queue.Empty:
             pass
 
-    def _on_event(self, event: tuple, by_pid: dict) -> None:
-        if event[0] == "exited":
-            state = by_pid[event[1]]
+    def _on_event(self, event: tuple) -> None:
+        if event[0] == "spawned":  # replies come in request order
+            next(s for s in self.ranks if s.pid is None).pid = event[1]
+        elif event[0] == "exited":
+            state = {s.pid: s for s in self.ranks}[event[1]]
             state.exitcode, state.exit_time = event[2], time.monotonic()
         elif event[0] == "server-died":
-            for state in self.ranks:
-                if state.exit_time is None:
-                    state.exit_time = time.monotonic()
+            self._all_exited()
+        elif event[0] == "run-ended":
+            self.run_ended = True
+
+    def _all_exited(self) -> None:
+        for state in self.ranks:
+            if state.exit_time is None:
+                state.exit_time = time.monotonic()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
         from ddp_lab.launch.stacks import read_stack_dump
@@ -177,51 +221,61 @@ class Session:
             stacks[rank] = read_stack_dump(self.files.stack(rank), until)
         return stacks
 
+    def _abandon_server(self, when: str) -> None:
+        """The fork server stopped answering: kill it with its ranks and say so."""
+        pid = self.server.process.pid
+        self.server.kill()
+        self._all_exited()
+        raise ForkServerUnresponsive(
+            f"the ddp_lab fork server (pid {pid}) stopped answering {when} (was it stopped "
+            "with SIGSTOP, or wedged?). It was killed with every rank of this run; run "
+            "again and a new one is started.")
+
     # -- cleanup ------------------------------------------------------------------------
     def __exit__(self, *exc) -> None:
-        try:
-            self._stop_ranks()
-        finally:
-            self._release()
-            self.echo.close()
+        with deferred():  # a second Ctrl-C must not cut cleanup short; it is raised after
+            try:
+                self._stop_ranks()
+            finally:
+                self._cleanup.close()
+                self.echo.close()
 
     def _stop_ranks(self) -> None:
-        for state in self.ranks:
-            if state.running:
-                self.server.signal(state.pid, signal.SIGKILL)
-        os.close(self.lifeline_w)  # any rank that is left kills itself
-        self.lifeline_w = None
-        until = time.monotonic() + EXIT_WAIT_S
-        while any(s.running for s in self.ranks) and time.monotonic() < until:
-            self._pump(0.05)
+        """Kill what still runs (also ranks whose spawn reply is still on its way), then
+        wait for the server to report them and their leftovers gone; kill it if it won't."""
+        if self.server is None:
+            return
+        self._close("lifeline_w")  # a rank we do not know of yet (reply in flight) dies too
+        with contextlib.suppress(ForkServerUnresponsive, ForkServerDied):
+            if self.server.wedged:
+                self._abandon_server("during the run")
+            self._settle(time.monotonic() + KILL_WAIT_S, self._unsettled)
+            if self.server.alive:
+                self.run_ended = False
+                self.server.end_run(self.run_dir, self.events)
+                self._settle(time.monotonic() + END_WAIT_S,
+                             lambda: not self.run_ended and self.server.alive)
 
-    def _release(self) -> None:
-        self.output.close()
-        for fd in (self.lifeline_r, self.lifeline_w):
+    def _unsettled(self) -> bool:
+        unanswered = any(s.pid is None for s in self.ranks[:self.requested])
+        running = [s for s in self.ranks if s.running]
+        self._kill(running)
+        return (unanswered or bool(running)) and self.server.alive
+
+    def _settle(self, until: float, pending) -> None:
+        while pending():
+            if time.monotonic() >= until or self.server.wedged:
+                self._abandon_server("while the run was cleaned up")
+            self._drain_events(block_s=0.05)
+
+    def _close(self, *names: str) -> None:
+        for name in names:
+            fd = self.fds.pop(name, None)
             if fd is not None:
                 os.close(fd)
-        self.store = None  # its destructor stops the server thread and closes the socket
-        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def record(self) -> RunRecord:
         """The finished run, for ``outcome.conclude`` (call before leaving the ``with``:
         the results are in the run folder, which cleanup removes)."""
         return RunRecord(self.config, tuple(s.record() for s in self.ranks), self.files,
                          self.seconds, self.timed_out, dict(self.stacks))
-
-
-def _loopback_store(world_size: int):
-    """A TCPStore server on a socket we bound to 127.0.0.1 ourselves (never 0.0.0.0)."""
-    from torch.distributed import TCPStore
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(max(128, world_size))
-        port = listener.getsockname()[1]
-        store = TCPStore("127.0.0.1", port, world_size, is_master=True,
-                         wait_for_workers=False, master_listen_fd=listener.fileno())
-    except BaseException:
-        listener.close()
-        raise
-    listener.detach()  # the store owns and closes the descriptor now
-    return store, port

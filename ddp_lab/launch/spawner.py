@@ -17,14 +17,17 @@ import subprocess
 import sys
 import threading
 
-from ddp_lab.launch import channel
+from ddp_lab.launch import channel, process_tree
 from ddp_lab.launch.environment import package_pythonpath
+from ddp_lab.launch.interrupts import deferred
 
 SPAWN_REPLY_TIMEOUT = 120.0  # the first reply waits for the server to import torch
+SEND_TIMEOUT_S = 2.0  # a server that reads nothing for this long is wedged (or SIGSTOPped)
+CLOSE_WAIT_S = 10.0  # how long a closed server gets to put its runs' leftovers down
 
 
 class ForkServerDied(RuntimeError):
-    """The fork server is gone; the next run starts a new one."""
+    """The fork server is gone (or stopped answering); the next run starts a new one."""
 
 
 class ForkServer:
@@ -41,6 +44,7 @@ class ForkServer:
         self._routes: dict[int, queue.Queue] = {}  # request id, then pid -> the run's queue
         self._routes_lock = threading.Lock()
         self.alive = True
+        self.wedged = False  # it stopped reading our messages: only killing it helps
         threading.Thread(target=self._read_replies, name="ddp_lab-forkserver", daemon=True).start()
 
     def spawn(self, spec, fds: list[int], events: queue.Queue) -> None:
@@ -54,12 +58,23 @@ class ForkServer:
         try:
             self._send(("signal", pid, signum))
         except ForkServerDied:
-            pass  # it killed every rank on its way out
+            pass  # dead: it killed every rank on its way out; wedged: the caller kills it
+
+    def end_run(self, run_dir: str, events: queue.Queue) -> None:
+        """Ask for ("run-ended", run_dir) in ``events`` once the run's leftovers are gone."""
+        with self._routes_lock:
+            self._routes[("run", run_dir)] = events
+        self._send(("end-run", run_dir))
 
     def _send(self, message: tuple, fds: list[int] = ()) -> None:
+        if self.wedged:
+            raise ForkServerDied("the ddp_lab fork server stopped answering")
         try:
             with self._send_lock:
-                channel.send(self.sock, message, fds)
+                channel.send(self.sock, message, fds, timeout=SEND_TIMEOUT_S)
+        except TimeoutError as exc:
+            self.alive, self.wedged = False, True
+            raise ForkServerDied("the ddp_lab fork server stopped answering") from exc
         except OSError as exc:
             self.alive = False
             raise ForkServerDied(f"the ddp_lab fork server is gone ({exc})") from exc
@@ -83,6 +98,8 @@ class ForkServer:
                 events.put(("spawned", rest[0]))
             elif kind == "exited" and key in self._routes:
                 self._routes.pop(key).put(("exited", key, rest[0]))
+            elif kind == "run-ended" and ("run", key) in self._routes:
+                self._routes.pop(("run", key)).put(("run-ended", key))
 
     def _on_death(self) -> None:
         self.alive = False
@@ -93,7 +110,8 @@ class ForkServer:
             events.put(("server-died",))
 
     def close(self) -> None:
-        """Stop the server (it kills any rank still running) and reap it."""
+        """Stop the server (it kills any rank still running) and reap it; a wedged one
+        is killed with everything below it."""
         self.alive = False
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes our reader thread; close alone won't
@@ -101,10 +119,16 @@ class ForkServer:
             pass
         self.sock.close()
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=0 if self.wedged else CLOSE_WAIT_S)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server and every process below it (ranks, leftovers), reap it."""
+        self.alive, self.wedged = False, True
+        if self.process.poll() is None:  # never signal a pid that was reaped: it may be reused
+            process_tree.kill_tree(self.process.pid)
+        self.process.wait()
 
 
 def _server_env() -> dict[str, str]:
@@ -128,7 +152,8 @@ class _Holder:
             if server is None or not server.alive or server.pid_owner != os.getpid():
                 if server is not None and server.pid_owner == os.getpid():
                     server.close()
-                self._server = ForkServer()
+                with deferred():  # a Ctrl-C now would leak a server nobody holds
+                    self._server = ForkServer()
             return self._server
 
     def pid(self) -> int | None:

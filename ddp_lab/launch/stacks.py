@@ -11,8 +11,11 @@ from pathlib import Path
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+# faulthandler lists a thread with no Python frame ("<no Python frame>") when a thread
+# started in C++ holds a Python thread state: it holds or waits for the GIL.
+NO_PYTHON_FRAME = "  (no Python frame: a thread started in C++, holding or waiting for the GIL)"
 _LAUNCHER_FILES = ("ddp_lab/launch/worker.py", "ddp_lab/launch/cell.py",
-                   "ddp_lab/launch/zygote.py", "<frozen runpy>")
+                   "ddp_lab/launch/spawn.py", "ddp_lab/launch/zygote.py", "<frozen runpy>")
 
 
 def read_stack_dump(path: Path, until: float) -> str:
@@ -33,7 +36,8 @@ def format_dump(text: str) -> str:
     for header, frames in threads:
         title = "Stack (oldest call first)" if len(threads) == 1 else f"{header}, oldest call first"
         user_frames = _without_launcher(list(reversed(frames)))
-        blocks.append("\n".join([title + ":"] + [_frame_text(f) for f in user_frames]))
+        lines = [_frame_text(f) for f in user_frames] or [NO_PYTHON_FRAME]
+        blocks.append("\n".join([title + ":"] + lines))
     return "\n\n".join(blocks)
 
 
@@ -80,7 +84,35 @@ def describe_crash(log: str) -> str:
 
 
 def waiting_in(stack: str) -> str | None:
-    """The innermost torch.distributed call of a formatted stack, e.g. 'all_reduce'."""
+    """The innermost torch.distributed call of a formatted stack, e.g. 'all_reduce'; or, when
+    there is none but a thread started in C++ waits for the GIL, a process group's destructor
+    (see in_teardown)."""
     calls = re.findall(r'File "[^"]*torch[/\\]distributed[/\\][^"]*", line \d+, in (\w+)', stack)
     public = [c for c in calls if not c.startswith("_") and c != "wrapper"]
-    return public[-1] if public else None
+    if public:
+        return public[-1]
+    return DESTRUCTOR if NO_PYTHON_FRAME in stack else None
+
+
+DESTRUCTOR = "a process group's destructor"
+TEARDOWN_ADVICE = (
+    "No stuck rank was in a collective: each was tearing a process group down, in "
+    "destroy_process_group() or in a group's destructor (run when the last object holding "
+    "the group is freed). A thread listed without a Python frame is one the group started "
+    "in C++, waiting for the GIL that the main thread holds while it waits for that thread "
+    "to end: a deadlock. The usual cause is destroy_process_group() called while a DDP "
+    "model still lives, as the DDP tutorial's cleanup() does: free the model first "
+    "(del ddp_model), then destroy the group.")
+
+
+def in_teardown(stack: str) -> bool:
+    """Stuck destroying a process group rather than in a collective: inside
+    destroy_process_group, or in a group's destructor (a deadlock over the GIL with one of
+    the group's C++ threads, see ddp_lab/launch/teardown.py)."""
+    return waiting_in(stack) in ("destroy_process_group", DESTRUCTOR)
+
+
+def hang_advice(stacks: list[str]) -> str | None:
+    """What to tell the user when every stuck rank was tearing down (None otherwise: the
+    generic advice about collectives fits)."""
+    return TEARDOWN_ADVICE if stacks and all(in_teardown(s) for s in stacks) else None

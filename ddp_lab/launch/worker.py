@@ -21,11 +21,13 @@ from pathlib import Path
 
 import cloudpickle
 
+from ddp_lab.launch import teardown
 from ddp_lab.launch.config import RUN_DIR_VAR, RankSpec, RunFiles, write_pickle
-from ddp_lab.launch.errors import short_message
+from ddp_lab.launch.errors import safe_message, short_message
 
 STACK_SIGNAL = signal.SIGUSR1
-LAUNCHER_MODULES = ("ddp_lab.launch.worker", "ddp_lab.launch.cell")  # frames a user's traceback skips
+LAUNCHER_MODULES = ("ddp_lab.launch.worker", "ddp_lab.launch.cell",
+                    "ddp_lab.launch.spawn")  # frames a user's traceback skips
 
 
 def rank_main(spec: RankSpec, output_fd: int, lifeline_fd: int) -> None:
@@ -33,7 +35,10 @@ def rank_main(spec: RankSpec, output_fd: int, lifeline_fd: int) -> None:
     _become_rank_process(spec, output_fd)
     _watch_lifeline(lifeline_fd)
     stack_file = _arm_stack_dump(RunFiles(spec.run_dir).stack(spec.rank))
+    destroyed_groups: list = []  # see teardown.py: the DDP tutorial's cleanup() could hang
+    teardown.keep_destroyed_groups(destroyed_groups)
     code = _run_target(spec)
+    teardown.release(destroyed_groups)  # the user's objects are gone by now
     _flush_streams()
     stack_file.close()
     os._exit(code)
@@ -73,12 +78,31 @@ def _reseed_random_generators(torch) -> None:
 
 
 def _watch_lifeline(lifeline_fd: int) -> None:
+    """When the lifeline closes (the run ended, or the launcher died), die. The fork server
+    that forked us is a child subreaper (reaper.py): it gives our helpers a grace (so
+    multiprocessing's resource tracker can unlink what it tracks) and then kills them,
+    wherever they moved. If it is gone too, nobody will: take our whole tree down."""
+    import psutil  # imported now: the lifeline may end while the main thread imports
+
+    server = os.getppid()
+
     def watch() -> None:
         while os.read(lifeline_fd, 1):
             pass
-        os.killpg(0, signal.SIGKILL)  # the launcher is gone or gave up on this run
+        if os.getppid() != server:
+            _kill_descendants(psutil)
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="ddp_lab-lifeline", daemon=True).start()
+
+
+def _kill_descendants(psutil) -> None:
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 def _arm_stack_dump(path: Path):
@@ -94,8 +118,7 @@ def _run_target(spec: RankSpec) -> int:
     files = RunFiles(spec.run_dir)
     try:
         if spec.script is None:
-            value = _call_function(spec, files)
-            write_pickle(files.result(spec.rank), _to_cpu(value))
+            _write_result(files.result(spec.rank), _call_function(spec, files))
         else:
             _run_script(spec)
         _destroy_group()
@@ -111,9 +134,10 @@ def _call_function(spec: RankSpec, files: RunFiles):
     import torch.distributed as dist
     fn, args, kwargs, sources = cloudpickle.loads(files.payload.read_bytes())
     linecache.cache.update(sources)  # tracebacks can quote notebook cells
-    _select_device(spec)
-    dist.init_process_group(spec.backend, init_method="env://",
-                            timeout=timedelta(seconds=spec.pg_timeout_s))
+    if spec.init_group:  # else ddp_lab.spawn: fn sets up its own device and group
+        _select_device(spec)
+        dist.init_process_group(spec.backend, init_method="env://",
+                                timeout=timedelta(seconds=spec.pg_timeout_s))
     return fn(*args, **kwargs)
 
 
@@ -146,14 +170,34 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def _write_result(path: Path, value) -> None:
+    try:
+        write_pickle(path, _to_cpu(value))
+    except Exception as exc:  # noqa: BLE001 - pickling fails in many ways
+        raise TypeError(f"this rank's value (what fn returned, or ddp_lab.report got) cannot "
+                        f"be sent back to the caller ({type(exc).__name__}: "
+                        f"{safe_message(exc)}); send plain data: numbers, strings, lists, "
+                        "dicts, CPU tensors") from None  # the cause is in the message
+
+
 def _record_error(path: Path, exc: BaseException) -> None:
-    text = "".join(traceback.format_exception(exc.with_traceback(_user_frames(exc))))
+    name, message = type(exc).__name__, safe_message(exc)
     # One line live; the whole traceback reaches the launcher in the record (and the logs),
     # so a crash of 8 ranks does not print 8 tracebacks into the cell.
-    sys.stderr.write(f"{type(exc).__name__}: {short_message(str(exc), limit=200)}\n")
-    record = {"type": type(exc).__name__, "message": str(exc), "traceback": text,
+    sys.stderr.write(f"{name}: {short_message(message, limit=200)}\n")
+    record = {"type": name, "message": message, "traceback": _format_traceback(exc, message),
               "time": time.monotonic()}
     write_pickle(path, record)
+
+
+def _format_traceback(exc: BaseException, message: str) -> str:
+    try:
+        text = "".join(traceback.format_exception(exc.with_traceback(_user_frames(exc))))
+    except Exception:  # noqa: BLE001 - e.g. a broken __notes__ or a cause's __str__
+        text = "".join(traceback.format_tb(_user_frames(exc)))
+        text = f"Traceback (most recent call last):\n{text}{type(exc).__name__}: {message}\n"
+    # what traceback writes when str(exc) raises; say what we know instead
+    return text.replace("<exception str() failed>", message)
 
 
 def _user_frames(exc: BaseException):
@@ -193,5 +237,5 @@ def report(value):
     """
     run_dir = os.environ.get(RUN_DIR_VAR)
     if run_dir:
-        write_pickle(RunFiles(run_dir).result(int(os.environ["RANK"])), _to_cpu(value))
+        _write_result(RunFiles(run_dir).result(int(os.environ["RANK"])), value)
     return value

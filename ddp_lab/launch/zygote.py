@@ -8,11 +8,14 @@ when the kernel has touched the GPU.
 
 Protocol (see channel.py), launcher -> server:
     ("spawn", request_id, RankSpec) + fds [output_pipe_w, lifeline_r]
-    ("signal", pid, signum)        signal a rank's whole process group
+    ("signal", pid, signum)        signal a rank (SIGKILL: and everything below it)
+    ("end-run", run_dir)           the run is over: put its leftovers down (reaper.py)
 server -> launcher:
     ("spawned", request_id, pid)
     ("exited", pid, returncode)    returncode < 0: killed by that signal
-When the launcher goes away (EOF on the socket) every rank is killed and the server exits.
+    ("run-ended", run_dir)         no rank and no leftover of that run is left
+When the launcher goes away (EOF on the socket) every rank and leftover is killed and the
+server exits.
 """
 
 from __future__ import annotations
@@ -25,17 +28,21 @@ import signal
 import socket
 import sys
 
-from ddp_lab.launch import channel
+from ddp_lab.launch import channel, process_tree
+from ddp_lab.launch.reaper import Reaper
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
-           "cloudpickle", "numpy", "ddp_lab.launch.worker")
+           "cloudpickle", "numpy", "psutil", "ddp_lab.launch.worker")
 # DDP's constructor imports torch._dynamo (~1-3 s per rank). Importing it before the first
 # run would delay every cold start by that much, and importing it while ranks run would
 # delay their exit reports; importing it once the first run is over and the server has sat
 # idle a moment (a notebook between two cells) makes every later DDP run start in a
-# fraction of a second.
+# fraction of a second. (Ranks forked with it loaded hung often in the DDP tutorial's
+# cleanup(): a race in torch that this only made likelier; worker.py defuses it for every
+# rank, see teardown.py.)
 DEFERRED = ("torch._dynamo",)
 IDLE_SECONDS = 0.5
+POLL_SECONDS = 0.05  # while leftovers are being put down or a launcher waits for them
 
 
 def preload() -> None:
@@ -46,7 +53,8 @@ def preload() -> None:
 class Server:
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.children: set[int] = set()
+        self.reaper = Reaper()
+        self.ending: set[str] = set()  # runs whose launcher waits for ("run-ended", run)
         self.run_dirs: set[str] = set()  # folders to remove should the launcher die
         self.wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
@@ -60,29 +68,45 @@ class Server:
         selector.register(self.sock, selectors.EVENT_READ, self._on_message)
         selector.register(self.wake_r, selectors.EVENT_READ, self._on_sigchld)
         while True:
-            idle = self.deferred and not self.children
-            events = selector.select(IDLE_SECONDS if idle else None)
-            if not events and self.deferred:
+            events = selector.select(self._select_timeout())
+            if not events and self.deferred and self._select_timeout() == IDLE_SECONDS:
                 importlib.import_module(self.deferred.pop(0))
             for key, _ in events:
                 if key.data() is False:
                     return self.shutdown()
+            if not self._tidy():
+                return self.shutdown()
+
+    def _select_timeout(self) -> float | None:
+        if self.reaper.doomed or self.ending:  # leftovers do not all wake us when they exit
+            return POLL_SECONDS
+        return IDLE_SECONDS if self.deferred and not self.reaper.ranks else None
+
+    def _tidy(self) -> bool:
+        if not (self.reaper.doomed or self.ending):
+            return True
+        self.reaper.sweep()
+        return self._answer_ended()
 
     def _on_message(self) -> bool:
         message, fds = channel.receive(self.sock)
         if message is None:
             return False
         if message[0] == "spawn":
-            self.spawn(message[1], message[2], fds)
-        elif message[0] == "signal":
-            self.signal_group(message[1], message[2])
+            return self.spawn(message[1], message[2], fds)
+        if message[0] == "signal":
+            self.signal_rank(message[1], message[2])
+        elif message[0] == "end-run":
+            self.ending.add(message[1])
+            self.reaper.sweep()
+            return self._answer_ended()
         return True
 
     def _on_sigchld(self) -> bool:
         os.read(self.wake_r, 4096)
         return self.reap()
 
-    def spawn(self, request_id: int, spec, fds: list[int]) -> None:
+    def spawn(self, request_id: int, spec, fds: list[int]) -> bool:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -93,7 +117,7 @@ class Server:
         _setpgid_quietly(pid)  # also done in the child: whichever runs first wins the race
         for fd in fds:
             os.close(fd)
-        self.children.add(pid)
+        self.reaper.add_rank(pid, spec.run_dir)
         self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {spec.run_dir}
         return self._tell(("spawned", request_id, pid))
 
@@ -108,21 +132,29 @@ class Server:
         finally:
             os._exit(70)  # never fall back into the server loop
 
-    def signal_group(self, pid: int, signum: int) -> None:
-        if pid in self.children:
-            _kill_group(pid, signum)
+    def signal_rank(self, pid: int, signum: int) -> None:
+        """SIGKILL takes the rank's helpers down too; other signals (SIGUSR1: dump your
+        stack) are for the rank alone."""
+        if pid not in self.reaper.ranks:
+            return
+        if signum == signal.SIGKILL:
+            self.reaper.kill_rank(pid)
+        else:
+            process_tree.send(pid, signum)
 
     def reap(self) -> bool:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            self.children.discard(pid)
-            _kill_group(pid, signal.SIGKILL)  # a rank's own children (DataLoader workers)
-            if not self._tell(("exited", pid, os.waitstatus_to_exitcode(status))):
+        """Reap every child (ranks, and orphans adopted as subreaper); report the ranks."""
+        for pid, exitcode in self.reaper.reap():
+            if not self._tell(("exited", pid, exitcode)):
+                return False
+        self.reaper.sweep()
+        return self._answer_ended()
+
+    def _answer_ended(self) -> bool:
+        for run in [r for r in self.ending if self.reaper.is_over(r)]:
+            self.ending.discard(run)
+            self.reaper.forget(run)
+            if not self._tell(("run-ended", run)):
                 return False
         return True
 
@@ -134,14 +166,8 @@ class Server:
             return False  # the launcher is gone
 
     def shutdown(self) -> None:
-        """The launcher is gone: kill its ranks and remove the run folders it cannot."""
-        for pid in self.children:
-            _kill_group(pid, signal.SIGKILL)
-        for pid in self.children:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+        """The launcher is gone: stop every rank and leftover, remove the run folders."""
+        self.reaper.kill_everything()
         for run_dir in self.run_dirs:
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -151,16 +177,6 @@ def _setpgid_quietly(pid: int) -> None:
         os.setpgid(pid, pid)
     except OSError:
         pass  # the child already did it, or already exec'd/exited
-
-
-def _kill_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
 
 
 def main(argv: list[str]) -> None:

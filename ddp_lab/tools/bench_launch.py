@@ -12,6 +12,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -45,19 +46,28 @@ class LaunchTimes:
 def measure_launches(world_size: int = 4, repeats: int = 3, warm_repeats: int = 10,
                      progress=None) -> LaunchTimes:
     """Time each launcher; ``progress(name, seconds)`` is told of every measurement."""
-    commands = {
-        "torchrun": [torchrun_path(), "--standalone", f"--nproc-per-node={world_size}",
-                     script_path("all_reduce_once.py")],
-        "mp.spawn script": [sys.executable, script_path("mp_spawn_all_reduce.py"), str(world_size)],
-        "ddp_lab cold": [sys.executable, "-c", COLD_CODE.format(n=world_size)],
-    }
     times = LaunchTimes(world_size)
-    for name, command in commands.items():
-        times.seconds[name] = [_tell(progress, name, time_command(command))
-                               for _ in range(repeats)]
+    with tempfile.TemporaryDirectory(prefix=f"ddp_lab_bench-{os.getpid()}-") as log_dir:
+        commands = {
+            "torchrun": torchrun_command(world_size, log_dir),
+            "mp.spawn script": [sys.executable, script_path("mp_spawn_all_reduce.py"),
+                                str(world_size)],
+            "ddp_lab cold": [sys.executable, "-c", COLD_CODE.format(n=world_size)],
+        }
+        for name, command in commands.items():
+            times.seconds[name] = [_tell(progress, name, time_command(command))
+                                   for _ in range(repeats)]
     times.seconds["ddp_lab warm"] = [_tell(progress, "ddp_lab warm", t)
                                      for t in time_warm_runs(world_size, warm_repeats)]
     return times
+
+
+def torchrun_command(world_size: int, log_dir: str) -> list[str]:
+    """torchrun on the all_reduce script, its logs in ``log_dir``: without ``--log-dir``
+    every run leaves a new /tmp/torchelastic_* folder behind
+    (torch/distributed/elastic/multiprocessing/api.py, ``tempfile.mkdtemp``)."""
+    return [torchrun_path(), "--standalone", f"--nproc-per-node={world_size}",
+            f"--log-dir={log_dir}", script_path("all_reduce_once.py")]
 
 
 def time_command(command: list[str]) -> float:

@@ -81,14 +81,21 @@ def find_notebooks(notebook_dir: Path | str, pattern: str = "*.ipynb") -> list[P
     return sorted(p for p in found if ".ipynb_checkpoints" not in p.parts and p.is_file())
 
 
-def kernel_env() -> dict[str, str]:
-    """Our environment plus the folder this ddp_lab was imported from on PYTHONPATH.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
-    Why: cells run in the notebook's folder, so from an uninstalled checkout
+
+def kernel_env() -> dict[str, str]:
+    """Our environment plus the folder this ddp_lab was imported from on PYTHONPATH, and
+    matplotlib's inline backend.
+
+    Why PYTHONPATH: cells run in the notebook's folder, so from an uninstalled checkout
     (``python -m ddp_lab notebooks`` in the repo root) the kernel would import no ddp_lab,
     or a different installed copy than the one running this code.
+    Why MPLBACKEND: ipykernel picks the inline backend only when MPLBACKEND is unset
+    (ipykernel/kernelapp.py); an inherited ``MPLBACKEND=Agg``, common on headless servers
+    and in containers, would make every ``plt.show()`` draw nothing into the notebook.
     """
-    env = dict(os.environ)
+    env = dict(os.environ, MPLBACKEND=INLINE_BACKEND)
     root = str(Path(__file__).resolve().parents[1])
     if root not in site.getsitepackages() + [site.getusersitepackages()]:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ddp_lab.launch.heartbeat import describe_ranks
-from ddp_lab.launch.errors import short_message
+from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
+                                   short_message)
 from ddp_lab.launch.outcome import looks_like_knock_on
 from ddp_lab.launch.stacks import format_dump, waiting_in
 from ddp_lab.launch.environment import threads_per_rank
@@ -157,3 +158,96 @@ def test_a_finished_run_is_concluded_from_its_record_alone(tmp_path):
     with pytest.raises(ddp_lab.WorkerTimeout) as caught:
         conclude(RunRecord(config, tuple(ok), files, 5.0, timed_out=True, stacks={1: "Stack"}))
     assert caught.value.stuck_ranks == [1]
+
+
+def _record(tmp_path, exits: dict, results=(), errors=None, script=None):
+    """A finished run as the session would record it: rank -> exit code, which ranks left a
+    result, and error records (rank -> message) written by failed ranks."""
+    from ddp_lab.launch.config import LaunchConfig, RunFiles, write_pickle
+    from ddp_lab.launch.record import RankRecord, RunRecord
+    files = RunFiles(tmp_path)
+    for rank in results:
+        write_pickle(files.result(rank), rank)
+    for rank, message in (errors or {}).items():
+        write_pickle(files.error(rank), {"type": "RuntimeError", "message": message,
+                                         "time": 2.0 + rank, "traceback": message})
+    config = LaunchConfig(world_size=len(exits), backend="gloo", timeout=5.0, env={},
+                          script=script)
+    ranks = tuple(RankRecord(r, code, 1.0 + r, False, "") for r, code in exits.items())
+    return RunRecord(config, ranks, files, 0.5)
+
+
+CLOSED = "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242"
+
+
+def test_a_rank_that_left_fn_with_os_exit_is_the_root_cause(tmp_path):
+    from ddp_lab.launch.outcome import conclude
+    run = _record(tmp_path, {0: 1, 1: 1, 2: 0}, results=(), errors={0: CLOSED, 1: CLOSED})
+    with pytest.raises(WorkerError) as caught:
+        conclude(run)
+    err = caught.value
+    assert (err.rank, err.exitcode) == (2, 0) and sorted(err.knock_on) == [0, 1]
+    text = str(err)
+    assert text.startswith("rank 2 left the run early (exit code 0")
+    assert "Rank 2 ended before fn returned" in text and "os._exit()" in text
+
+
+def test_a_rank_that_returned_while_peers_waited_is_the_root_cause(tmp_path):
+    from ddp_lab.launch.outcome import conclude
+    run = _record(tmp_path, {0: 0, 1: 1, 2: 1}, results=(0,), errors={1: CLOSED, 2: CLOSED})
+    with pytest.raises(WorkerError) as caught:
+        conclude(run)
+    assert caught.value.rank == 0 and sorted(caught.value.knock_on) == [1, 2]
+    assert "Rank 0 returned while the others still waited" in str(caught.value)
+
+
+def test_an_error_of_its_own_stays_the_root_cause_when_a_peer_returned(tmp_path):
+    from ddp_lab.launch.outcome import conclude
+    run = _record(tmp_path, {0: 0, 1: 1, 2: 1}, results=(0,),
+                  errors={1: CLOSED, 2: "bad batch"})
+    with pytest.raises(WorkerError) as caught:
+        conclude(run)
+    assert caught.value.rank == 2 and "left the run early" not in str(caught.value)
+
+
+def test_a_value_that_cannot_be_unpickled_names_its_rank_and_keeps_the_others(tmp_path):
+    import sys
+    import types
+
+    from ddp_lab.launch.outcome import conclude
+    run = _record(tmp_path, {0: 0, 1: 0, 2: 0}, results=(0, 2))
+    rank_only = types.ModuleType("module_only_the_ranks_have")
+    exec("class Thing:\n    pass\n", rank_only.__dict__)
+    sys.modules[rank_only.__name__] = rank_only
+    try:
+        import pickle
+        run.files.result(1).write_bytes(pickle.dumps(rank_only.Thing()))
+    finally:
+        del sys.modules[rank_only.__name__]
+    with pytest.raises(UnreadableResult) as caught:
+        conclude(run)
+    err = caught.value
+    assert isinstance(err, DistributedRunError)
+    assert err.rank == 1 and err.values == [0, None, 2]
+    assert "ModuleNotFoundError" in err.reasons[1] and "rank 1 finished" in str(err)
+    assert "plain data" in str(err)
+
+
+def test_an_exception_whose_str_raises_is_still_recorded(tmp_path):
+    import pickle
+
+    from ddp_lab.launch.worker import _record_error
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise AttributeError("no attribute 'detail'")
+
+    try:
+        raise Unprintable("disk 3")
+    except Unprintable as exc:
+        _record_error(tmp_path / "e.pkl", exc)
+    record = pickle.loads((tmp_path / "e.pkl").read_bytes())
+    assert record["type"] == "Unprintable"
+    assert record["message"].startswith("Unprintable('disk 3') (its message could not be")
+    assert "AttributeError" in record["message"]
+    assert record["traceback"].rstrip().endswith(record["message"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import psutil
@@ -9,6 +10,7 @@ import pytest
 
 import ddp_lab
 import workers
+from ddp_lab.launch import checks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,6 +33,15 @@ def _children() -> set[int]:
     ({"timeout": "10"}, TypeError, "seconds"),
     ({"env": {"A": 1}}, TypeError, "str to str"),
     ({"env": ["A=1"]}, TypeError, "dict"),
+    ({"env": {"A=B": "1"}}, ValueError, "'A=B' is not a variable name"),
+    ({"env": {"": "1"}}, ValueError, "'' is not a variable name"),
+    ({"env": {"A": "x\0y"}}, ValueError, "NUL"),
+    ({"env": {"A\0": "1"}}, ValueError, "NUL"),
+    ({"env": {"BIG": "x" * 2_000_000}}, ValueError, "BIG.*over 128 KiB.*MAX_ARG_STRLEN"),
+    ({"env": {f"V{i}": "x" * 100_000 for i in range(6)}}, ValueError, "more than the 512 KiB"),
+    ({"timeout": 1e300}, ValueError, "7 days"),
+    ({"timeout": 1e10}, ValueError, "7 days"),
+    ({"world_size": 10**6}, ValueError, "more than this machine can run:\n  - memory:"),
     ({"args": 3}, TypeError, "args=(x,)"),
     ({"kwargs": [1]}, TypeError, "kwargs must be a dict"),
     ({"args": (threading.Lock(),)}, TypeError, "cannot be sent to the ranks"),
@@ -71,3 +82,40 @@ def test_script_args_must_be_strings(tmp_path):
         ddp_lab.run_script(script, world_size=2, script_args=["--epochs", 1])
     with pytest.raises(TypeError, match="list of strings"):
         ddp_lab.run_script(script, world_size=2, script_args="--epochs 1")
+
+
+def test_bad_script_env_is_rejected_before_any_process_starts(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    before = _children()
+    for launcher in ("ddp_lab", "torchrun"):
+        with pytest.raises(ValueError, match="not a variable name"):
+            ddp_lab.run_script(script, world_size=2, env={"A=B": "1"}, launcher=launcher)
+        with pytest.raises(ValueError, match="more than this machine can run"):
+            ddp_lab.run_script(script, world_size=10**6, launcher=launcher)
+    assert _children() <= before
+
+
+def test_too_few_file_descriptors_are_named():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        with pytest.raises(ValueError, match=r"open files: the limit \(ulimit -n\) is 256"):
+            checks.check_resources(300)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_too_many_ranks_per_core_are_named():
+    with pytest.raises(ValueError, match="cores: .* run at most"):
+        checks.check_resources(checks.RANKS_PER_CORE * len(os.sched_getaffinity(0)) + 1)
+
+
+def test_limits_can_be_skipped_by_those_who_know(monkeypatch):
+    monkeypatch.setenv(checks.SKIP_LIMITS_VAR, "1")
+    checks.check_resources(10**6)  # no error: the caller said so
+
+
+def test_a_week_is_the_longest_timeout():
+    assert checks.check_timeout(7 * 24 * 3600) == 604800.0

@@ -74,6 +74,19 @@ def test_passing_notebook_is_executed_with_its_figure(course: Path, tmp_path: Pa
 
 
 @pytest.mark.timeout(120)
+def test_figures_are_kept_when_the_environment_says_mplbackend_agg(
+        course: Path, tmp_path: Path, monkeypatch):
+    """Headless servers and containers often export MPLBACKEND=Agg; a kernel that inherited
+    it would let plt.show() draw nothing into the notebook."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    report = execute_notebook(course / "a_pass.ipynb", tmp_path / "build", timeout_per_cell=60)
+
+    assert report.ok, report.describe()
+    outputs = _outputs(report.executed_path)
+    assert any("image/png" in o.get("data", {}) for o in outputs), "figure lost under Agg"
+
+
+@pytest.mark.timeout(120)
 def test_failing_notebook_reports_cell_and_error(course: Path, tmp_path: Path):
     build = tmp_path / "build"
     report = execute_notebook(course / "b_fail.ipynb", build, timeout_per_cell=60)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from ddp_lab.tools.bench_launch import LaunchTimes, format_report
+from ddp_lab.tools.bench_launch import LaunchTimes, format_report, measure_launches
 from ddp_lab.tools.cli import main
 from ddp_lab.course.ch00_launching.plots import launch_latency
 
@@ -49,6 +52,20 @@ def test_bench_launch_reports_every_launcher_and_the_ratios():
         assert launcher in out.stdout
     assert "faster than torchrun (target >= 15x)" in out.stdout
     assert "torchrun's time (target <= 0.6x)" in out.stdout
+
+
+def test_bench_launch_leaves_no_torchelastic_folder(tmp_path, monkeypatch):
+    """torchrun without --log-dir leaves a new $TMPDIR/torchelastic_* per run. A private
+    TMPDIR for the bench's subprocesses keeps other torchrun runs on the machine out of the
+    comparison."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert not list(tmp_path.glob("torchelastic_*"))
+    times = measure_launches(world_size=2, repeats=1, warm_repeats=1)
+
+    assert len(times.seconds["torchrun"]) == 1
+    assert not list(tmp_path.glob("torchelastic_*")), sorted(tmp_path.iterdir())
+    own_log_dirs = Path(tempfile.gettempdir()).glob(f"ddp_lab_bench-{os.getpid()}-*")
+    assert not list(own_log_dirs), "the bench's --log-dir folder was left behind"
 
 
 def test_report_and_figure_come_from_the_measurements():

@@ -9,7 +9,11 @@ agent, same rendezvous, same worker environment), and
 2. stops as on SIGTERM (torchrun then stops its workers) when its stdin reaches end of
    file, i.e. when the launcher that holds the other end is gone, even killed by SIGKILL:
    the same "no orphan" lifeline the default launcher gives its ranks (it then removes
-   the run folder too, which its launcher no longer can).
+   the run folder too, which its launcher no longer can);
+3. is a child subreaper (Linux): a worker's helper that moved to a session of its own and
+   lost its parent becomes the agent's child instead of init's, and once torchrun is done
+   every such leftover is put down (SIGTERM, a grace, SIGKILL: reaper.put_down), so none
+   outlives the run.
 
 Both only when ddp_lab started it (``DDP_LAB_RUN_DIR`` is set); by hand it behaves like
 torchrun.
@@ -25,7 +29,9 @@ import sys
 import threading
 from pathlib import Path
 
+from ddp_lab.launch import process_tree
 from ddp_lab.launch.config import RUN_DIR_VAR
+from ddp_lab.launch.reaper import put_down
 
 FAILURES_FILE = "torchrun_failures.json"
 
@@ -37,6 +43,7 @@ def main(argv: list[str]) -> int:
     run_dir = os.environ.get(RUN_DIR_VAR)
     orphaned = threading.Event()
     if run_dir:
+        process_tree.become_subreaper()
         _watch_lifeline(orphaned)
     try:
         run(parse_args(argv))
@@ -46,6 +53,8 @@ def main(argv: list[str]) -> int:
         _save_failures(err, Path(run_dir))
         return 1
     finally:
+        if run_dir:  # torchrun stopped its workers; what is left is their leftovers
+            put_down(process_tree.children(os.getpid()))
         if orphaned.is_set():  # nobody else will remove the run folder now
             shutil.rmtree(run_dir, ignore_errors=True)
     return 0

@@ -1,0 +1,235 @@
+"""ddp_lab.spawn runs functions written for torch.multiprocessing.spawn, published code
+included; ddp_lab.run says to use it when it is handed one."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+import ddp_lab
+
+pytestmark = pytest.mark.timeout(180)
+
+# ---- https://pytorch.org/tutorials/intermediate/ddp_tutorial.html ("Basic Use Case"),
+# ---- copied verbatim except: "nccl" -> "gloo", and on CPU no .to(rank) / device_ids=[rank];
+# ---- demo_basic also seeds its generator and returns its parameters (marked "added").
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '12355'
+
+    # initialize the process group
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def cleanup():
+    dist.destroy_process_group()
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super(ToyModel, self).__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def demo_basic(rank, world_size):
+    print(f"Running basic DDP example on rank {rank}.")
+    setup(rank, world_size)
+    torch.manual_seed(rank)  # added: data the reference can reproduce
+
+    # create model and move it to GPU with id rank
+    model = ToyModel()
+    ddp_model = DDP(model)
+
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    labels = torch.randn(20, 5)
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+
+    cleanup()
+    print(f"Finished running basic DDP example on rank {rank}.")
+    return [p.detach().clone() for p in model.parameters()]  # added
+# ---- end of the tutorial's code
+
+
+def single_process_reference(world_size: int) -> list[torch.Tensor]:
+    """One process, one step on every rank's batch: DDP starts from rank 0's weights
+    (broadcast at construction) and averages the ranks' gradients."""
+    batches = []
+    for rank in range(world_size):
+        torch.manual_seed(rank)
+        model = ToyModel()
+        batches.append((torch.randn(20, 10), torch.randn(20, 5)))
+        if rank == 0:
+            reference = model
+    optimizer = optim.SGD(reference.parameters(), lr=0.001)
+    loss = sum(nn.MSELoss()(reference(x), y) for x, y in batches) / world_size
+    loss.backward()
+    optimizer.step()
+    return [p.detach() for p in reference.parameters()]
+
+
+class PortTaken:
+    """Holds 127.0.0.1:12355, the tutorial's port, as another run or program would."""
+
+    def __enter__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.sock.bind(("127.0.0.1", 12355))
+            self.sock.listen(8)
+        except OSError:  # somebody else holds it already: the same situation
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_tutorials_demo_basic_matches_one_process(world_size, capsys):
+    with PortTaken():
+        res = ddp_lab.spawn(demo_basic, args=(world_size,), nprocs=world_size)
+
+    expected = single_process_reference(world_size)
+    for rank, params in enumerate(res.values):
+        torch.testing.assert_close(params, res.values[0])
+        torch.testing.assert_close(params, expected)
+    out = capsys.readouterr().out
+    for rank in range(world_size):
+        assert f"[rank {rank}] Finished running basic DDP example on rank {rank}." in out
+
+
+def tutorial_all_reduce(rank, world_size, init_method=None):
+    """The tutorial's setup(), or an explicit tcp:// address on the same port."""
+    if init_method is None:
+        setup(rank, world_size)
+    else:
+        dist.init_process_group("gloo", init_method=init_method, rank=rank,
+                                world_size=world_size)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    seen = os.environ.get("MASTER_PORT")
+    cleanup()
+    return t.item(), seen
+
+
+def test_concurrent_runs_with_the_same_hard_coded_port_never_collide():
+    results, errors = {}, []
+
+    def one_run(name, extra):
+        try:
+            results[name] = ddp_lab.spawn(tutorial_all_reduce, args=(2, *extra), nprocs=2,
+                                          echo=False, daemon=True, start_method="fork")
+        except Exception as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    runs = [threading.Thread(target=one_run, args=("env", ())),
+            threading.Thread(target=one_run, args=("tcp", ("tcp://localhost:12355",)))]
+    with PortTaken():
+        for thread in runs:
+            thread.start()
+        for thread in runs:
+            thread.join(timeout=150)
+    assert not errors, errors
+    assert results["env"].values == [(3.0, "12355"), (3.0, "12355")]
+    assert [v[0] for v in results["tcp"].values] == [3.0, 3.0]
+
+
+def crash_on_rank_one(rank, world_size):
+    setup(rank, world_size)
+    if rank == 1:
+        raise ValueError("rank 1 read a corrupt batch")
+    dist.barrier()
+    cleanup()
+
+
+def hang_on_rank_one(rank, world_size):
+    setup(rank, world_size)
+    if rank == 1:
+        time.sleep(3600)
+    dist.barrier()
+    cleanup()
+
+
+def test_a_crash_under_spawn_names_the_rank_and_its_line():
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        ddp_lab.spawn(crash_on_rank_one, args=(2,), nprocs=2, echo=False)
+    err = caught.value
+    assert err.rank == 1 and "corrupt batch" in err.traceback
+    assert "crash_on_rank_one" in err.traceback
+    assert "launch/spawn.py" not in err.traceback  # it starts at the user's code
+
+
+def test_a_hang_under_spawn_times_out_with_stacks():
+    with pytest.raises(ddp_lab.WorkerTimeout) as caught:
+        ddp_lab.spawn(hang_on_rank_one, args=(2,), nprocs=2, timeout=5, echo=False)
+    err = caught.value
+    assert err.stuck_ranks == [0, 1]
+    assert "barrier" in err.stacks[0] and "time.sleep(3600)" in err.stacks[1]
+    assert "launch/spawn.py" not in err.stacks[1]  # it starts at the user's code
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_run_with_an_mp_spawn_function_points_at_spawn_before_starting():
+    before = _children()
+    with pytest.raises(TypeError, match=r"demo_basic\(rank, world_size\).*ddp_lab\.spawn"):
+        ddp_lab.run(demo_basic, world_size=2)
+    with pytest.raises(TypeError, match="ddp_lab.spawn"):
+        ddp_lab.run(demo_basic, world_size=2, args=(2,))
+    assert _children() <= before
+
+
+def initializes_its_own_group():
+    dist.init_process_group("gloo")
+
+
+def test_run_with_a_function_that_initializes_the_group_points_at_spawn():
+    with pytest.raises(ddp_lab.WorkerError, match="twice") as caught:
+        ddp_lab.run(initializes_its_own_group, world_size=2, echo=False)
+    message = str(caught.value)
+    assert "ddp_lab.spawn(fn, args=(world_size,), nprocs=world_size)" in message
+    assert "ddp_lab.run_script" in message
+
+
+def no_rank_parameter():
+    return 1
+
+
+@pytest.mark.parametrize("call, error, words", [
+    ({"join": False}, ValueError, "join=False is not supported"),
+    ({"start_method": "thread"}, ValueError, "unknown start_method"),
+    ({"nprocs": 0}, ValueError, "at least 1"),
+    ({"args": 2}, TypeError, r"args=\(x,\)"),
+    ({"fn": no_rank_parameter}, TypeError, r"fn\(rank, \*args\)"),
+    ({"args": ()}, TypeError, "missing a required argument: 'world_size'"),
+])
+def test_bad_spawn_input_is_rejected_before_any_process_starts(call, error, words):
+    before = _children()
+    call = {"fn": demo_basic, "args": (2,), **call}
+    with pytest.raises(error, match=words):
+        ddp_lab.spawn(call.pop("fn"), **call)
+    assert _children() <= before
