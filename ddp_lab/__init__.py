@@ -6,7 +6,8 @@
     ddp_lab.spawn(demo, args=(4,), nprocs=4)   # an mp.spawn-style demo(rank, world_size)
 """
 
-from ddp_lab.launch.errors import DistributedRunError, WorkerError, WorkerTimeout
+from ddp_lab.launch.errors import (DistributedRunError, ForkServerUnresponsive, UnreadableResult,
+                                   WorkerError, WorkerTimeout)
 from ddp_lab.launch.api import run, run_script
 from ddp_lab.launch.magic import load_ipython_extension
 from ddp_lab.launch.outcome import RunResult
@@ -16,5 +17,6 @@ from ddp_lab.launch.spawner import shutdown
 from ddp_lab.launch.worker import report
 
 __all__ = ["run", "run_script", "spawn", "report", "RunResult", "DistributedRunError",
-           "WorkerError", "WorkerTimeout", "shutdown", "progress", "load_ipython_extension"]
+           "WorkerError", "WorkerTimeout", "UnreadableResult", "ForkServerUnresponsive",
+           "shutdown", "progress", "load_ipython_extension"]
 __version__ = "0.1.0"

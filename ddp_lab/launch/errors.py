@@ -60,6 +60,11 @@ class WorkerError(DistributedRunError):
         return "\n".join(lines)
 
 
+class ForkServerUnresponsive(DistributedRunError):
+    """The fork server stopped answering (stopped with SIGSTOP, or wedged): the launcher
+    killed it with the run's ranks; the next run starts a new one."""
+
+
 class UnreadableResult(DistributedRunError):
     """Every rank finished, but what some ranks returned cannot be unpickled in this process.
 

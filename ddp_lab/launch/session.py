@@ -23,7 +23,7 @@ import time
 from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
 from ddp_lab.launch.echo import make_echo
 from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
-from ddp_lab.launch.errors import DistributedRunError
+from ddp_lab.launch.errors import ForkServerUnresponsive
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.output import Output, OutputReader
 from ddp_lab.launch.ranks import RankState
@@ -37,10 +37,6 @@ KILL_WAIT_S = 3.0       # killed ranks not reported gone by then: the fork serve
 END_WAIT_S = 4.0        # for the fork server to put the run's leftovers down (reaper.GRACE_S)
 START_SLACK_S = 6.0     # starting the ranks may eat this much into the deadline's slack
 BOUND_SLACK_S = 15.0    # the call ends by timeout + this, whatever happens
-
-
-class ForkServerUnresponsive(DistributedRunError):
-    """The fork server stopped answering (stopped with SIGSTOP, or wedged)."""
 
 
 class Session:

@@ -22,7 +22,7 @@ import ddp_lab
 from conftest import wait_until_gone
 from ddp_lab.launch import channel, rendezvous
 from ddp_lab.launch.interrupts import deferred
-from ddp_lab.launch.session import ForkServerUnresponsive
+from ddp_lab import ForkServerUnresponsive
 from run_probes import run_folders_of, wait_for_pids
 
 pytestmark = pytest.mark.timeout(120)
