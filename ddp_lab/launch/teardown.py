@@ -18,7 +18,9 @@ torchrun runs of a script importing torch._dynamo first). The mechanism (torch 2
    autograd stashes a ``contextvars`` context there (torch/autograd/graph.py:976, kept in
    ``saved_objects_``, torch/include/ATen/ThreadLocalState.h:82). Releasing it takes the
    GIL (py-spy: ``~AsyncWork -> ~ThreadLocalState -> SafePyObject -> decref ->
-   gil_scoped_acquire``). Main thread waits for the worker, the worker for the GIL.
+   gil_scoped_acquire``). Main thread waits for the worker, the worker for the GIL: the
+   kind of deadlock https://github.com/pytorch/pytorch/issues/56297 (open) warns about for
+   pybind-bound objects whose destructors block.
 
 It is a race: the worker only gets the GIL first if the main thread runs Python long enough
 after ``backward()`` to be asked for it (the 5 ms switch interval), so it shows more or less
