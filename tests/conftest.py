@@ -87,9 +87,15 @@ def run_folders() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"ddp_lab-{os.getpid()}-*")))
 
 
+def torchrun_log_folders() -> set[str]:
+    """torchrun's default log folders: every torchrun started without --log-dir makes one."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*")))
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     folders_before = run_folders()
+    torchrun_logs_before = torchrun_log_folders()
     yield
     deadline = time.monotonic() + 10
     while (leftover_processes() or strays()) and time.monotonic() < deadline:
@@ -99,3 +105,5 @@ def nothing_left_behind():
     listening = [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
     assert not listening, f"ports left listening: {listening}"
     assert run_folders() <= folders_before, "a ddp_lab run folder was left behind"
+    new_logs = torchrun_log_folders() - torchrun_logs_before
+    assert not new_logs, f"a torchrun ran without --log-dir and left {sorted(new_logs)}"

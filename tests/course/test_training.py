@@ -139,7 +139,8 @@ def test_train_cnn_bad_data_fails_before_rendezvous(tmp_path):
 
 def test_train_cnn_under_real_torchrun(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "-m", "ddp_lab.scripts.train_cnn", "--epochs", "1",
+               "--nproc-per-node=2", f"--log-dir={tmp_path / 'logs'}",  # else /tmp/torchelastic_*
+               "-m", "ddp_lab.scripts.train_cnn", "--epochs", "1",
                "--checkpoint", str(tmp_path / "ck.pt")]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, cwd=tmp_path)
