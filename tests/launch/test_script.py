@@ -59,9 +59,10 @@ def test_script_error_and_sys_exit(tmp_path):
     assert info.value.rank == 0 and info.value.exitcode == 3
 
 
-def test_same_script_runs_under_real_torchrun_and_report_is_harmless():
+def test_same_script_runs_under_real_torchrun_and_report_is_harmless(tmp_path):
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2",
+                          f"--log-dir={tmp_path}",  # else a /tmp/torchelastic_* is left
                           script_path("all_reduce_once.py")],
                          capture_output=True, text=True, timeout=150)
     assert out.returncode == 0, out.stderr
