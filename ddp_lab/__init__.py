@@ -4,12 +4,14 @@
     res = ddp_lab.run(fn, world_size=4)   # fn runs on 4 ranks, process group ready
     res.values, res.logs, res.seconds
     ddp_lab.spawn(demo, args=(4,), nprocs=4)   # an mp.spawn-style demo(rank, world_size)
+    ddp_lab.run(fn, world_size=4, network="1gbit")   # each rank on a 1 Gbit/s link
 """
 
 from ddp_lab.launch.errors import (DistributedRunError, ForkServerUnresponsive, UnreadableResult,
                                    WorkerError, WorkerTimeout)
 from ddp_lab.launch.api import run, run_script
 from ddp_lab.launch.magic import load_ipython_extension
+from ddp_lab.launch.network import Network, NetworkUnavailable
 from ddp_lab.launch.outcome import RunResult
 from ddp_lab.launch.progress import progress
 from ddp_lab.launch.spawn import spawn
@@ -18,5 +20,5 @@ from ddp_lab.launch.worker import report
 
 __all__ = ["run", "run_script", "spawn", "report", "RunResult", "DistributedRunError",
            "WorkerError", "WorkerTimeout", "UnreadableResult", "ForkServerUnresponsive",
-           "shutdown", "progress", "load_ipython_extension"]
+           "shutdown", "progress", "load_ipython_extension", "Network", "NetworkUnavailable"]
 __version__ = "0.1.0"

@@ -1,27 +1,28 @@
 """Every test must leave nothing behind: no worker process, no listening port, no run folder.
 
-The fork server is the one process a launcher keeps (it is the launcher's, started once and
-reused); everything it forked must be gone when a test ends.
+The fork servers are the processes a launcher keeps (the launcher's, started once and
+reused: one for plain runs, one for shaped ones); everything it forked must be gone when a test ends.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import signal
 import tempfile
 import time
 
 import psutil
 import pytest
 
-from ddp_lab.launch.spawner import fork_server_pid
+from ddp_lab.launch.spawner import launcher_pids
 
 
 def leftover_processes() -> list[psutil.Process]:
     """Descendants that are neither a launcher meant to stay (our fork server, a Jupyter
     kernel a module fixture keeps for several tests, that kernel's fork server) nor dead:
     a rank process is never meant to stay."""
-    keep = {fork_server_pid()}
+    keep = launcher_pids()
     return [p for p in psutil.Process().children(recursive=True)
             if p.pid not in keep and _alive(p) and not _is_kept_kernel(p)]
 
@@ -74,6 +75,15 @@ def strays() -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
+
+
+def pytest_configure(config):
+    """The interrupt tests need Python's own SIGINT handler. A shell that starts the suite as
+    a background job (``cmd &`` in a script, nohup) hands it SIGINT ignored, and Python then
+    keeps it ignored: every Ctrl-C test would fail for a reason that is not the launcher's.
+    https://www.gnu.org/software/bash/manual/html_node/Signals.html"""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):

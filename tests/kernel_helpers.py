@@ -35,6 +35,15 @@ class CellRun:
         return self.reply["status"] == "ok"
 
 
+def _shell_reply(client, msg_id: str, timeout: float) -> dict:
+    """The execute_reply to ``msg_id``: replies to earlier requests (start_kernel's own)
+    may still be queued, and taking the next one made every reply the previous cell's."""
+    while True:
+        reply = client.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
+
+
 def execute(client, code: str, timeout: float = 120) -> CellRun:
     """Run a cell and gather what the notebook would show for it."""
     msg_id = client.execute(textwrap.dedent(code))
@@ -52,5 +61,5 @@ def execute(client, code: str, timeout: float = 120) -> CellRun:
             run.error = content
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    run.reply = client.get_shell_msg(timeout=timeout)["content"]
+    run.reply = _shell_reply(client, msg_id, timeout)
     return run

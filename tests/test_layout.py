@@ -13,13 +13,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ddp_lab"
 MAX_LINES = 300
-# Who may import whom: the launcher stands alone; the course uses the launcher and runs the
-# worker scripts (which train with the course's code); tools may use all. Nothing imports tools.
+# Who may import whom: the launcher stands alone; the from-scratch implementations need only
+# torch (a reader follows each one without the rest of the package); the course uses the
+# launcher, the scratch code and the exercises, and runs the worker scripts (which train with
+# the course's code); the exercises check the learner against the course's runs and the
+# scratch references; tools may use all. Nothing imports tools.
 ALLOWED = {
     "launch": {"launch"},
-    "course": {"launch", "course", "scripts"},
+    "scratch": {"scratch"},
+    "course": {"launch", "course", "scripts", "scratch", "exercises"},
+    "exercises": {"launch", "course", "scratch", "exercises"},
     "scripts": {"launch", "course", "scripts"},
-    "tools": {"launch", "course", "scripts", "tools"},
+    "tools": {"launch", "course", "scripts", "scratch", "exercises", "tools"},
 }
 
 
@@ -48,7 +53,8 @@ def imports_of(path: Path, top_level_only: bool = False) -> set[str]:
 
 
 def room(module: str) -> str | None:
-    """launch, course, tools or scripts; None for the package's own __init__/__main__."""
+    """The room of a module (launch, scratch, course, ...); None for the package's own
+    __init__/__main__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
 

@@ -178,6 +178,12 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def own_namespaces() -> list[str]:
+    """The namespaces this process made and has not removed (another run on the same
+    machine may hold ddp_lab namespaces of its own at the same time)."""
+    return [name for name in list_namespaces() if _creator(name) == os.getpid()]
+
+
 def remove_orphans() -> list[str]:
     """Remove ddp_lab namespaces whose creating process is gone (it was killed before
     its cleanup could run); returns their names."""

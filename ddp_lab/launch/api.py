@@ -14,16 +14,17 @@ from ddp_lab.launch import checks
 from ddp_lab.launch.config import LaunchConfig
 from ddp_lab.launch.outcome import RunResult, conclude
 from ddp_lab.launch.session import Session
-from ddp_lab.launch.spawner import get_fork_server
+from ddp_lab.launch.spawner import get_fork_server, get_network_fork_server
 
 
 def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
-        timeout: float = 60.0, env=None, *, echo: bool = True) -> RunResult:
+        timeout: float = 60.0, env=None, *, echo: bool = True, network=None) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on ``world_size`` ranks with the process group ready.
 
     Each rank's output is printed live as ``[rank N] ...`` (``echo=False`` keeps it only in
     ``.logs``). Returns a RunResult; raises WorkerError if a rank fails and WorkerTimeout if
-    the ranks are still running after ``timeout`` seconds.
+    the ranks are still running after ``timeout`` seconds. ``network=Network("1gbit")``
+    (or just ``"1gbit"``) gives every rank a shaped link of its own (network.py).
     """
     __tracebackhide__ = True  # IPython shows the error, not the launcher's frames
     checks.check_callable(fn)
@@ -34,7 +35,7 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     args, kwargs = checks.check_call_args(args, kwargs)
     payload = pickle_payload(fn, args, kwargs)
     checks.check_signature(fn, args, kwargs, RUN_CALL_ADVICE)
-    return _launch(config, payload)
+    return _launch(_with_network(config, network), payload)
 
 
 RUN_CALL_ADVICE = (
@@ -47,15 +48,19 @@ RUN_CALL_ADVICE = (
 
 def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto",
                timeout: float = 300.0, env=None, *, echo: bool = True,
-               launcher: str = "ddp_lab") -> RunResult:
+               launcher: str = "ddp_lab", network=None) -> RunResult:
     """Run a torchrun-compatible script (``init_process_group(init_method="env://")``) on
     ``world_size`` ranks. ``ddp_lab.report(value)`` in the script sets ``values[rank]``.
 
     ``launcher="torchrun"`` starts the ranks with torch's own elastic agent
     (``torchrun --standalone``) instead of ddp_lab's fork server: slower to start, the
-    exact torchrun environment, and the same output, errors and cleanup."""
+    exact torchrun environment, and the same output, errors and cleanup. ``network=``
+    as in ``run`` (with the ddp_lab launcher)."""
     __tracebackhide__ = True
     launcher = checks.check_launcher(launcher)
+    if network is not None and launcher == "torchrun":
+        raise ValueError("network= works with launcher='ddp_lab' only: torchrun's agent "
+                         "starts its workers itself, outside the shaped network")
     path, script_args = checks.check_script(script, script_args)
     config = LaunchConfig(world_size=checks.check_world_size(world_size),
                           backend=checks.check_backend(backend),
@@ -64,7 +69,18 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
     if launcher == "torchrun":
         from ddp_lab.launch.torchrun.session import run_with_torchrun
         return run_with_torchrun(_checked_backend(config))
-    return _launch(config, payload=None)
+    return _launch(_with_network(config, network), payload=None)
+
+
+def _with_network(config: LaunchConfig, network) -> LaunchConfig:
+    """The checked network (None: loopback); errors here come before any process starts."""
+    if network is None:
+        return config
+    from ddp_lab.launch.network import check_network
+    if config.backend == "nccl":
+        raise ValueError("network= shapes gloo's TCP traffic between CPU ranks; NCCL on GPUs "
+                         "does not go through it. Use backend='gloo' (or 'auto' without GPUs).")
+    return replace(config, network=check_network(network, config.world_size))
 
 
 def pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
@@ -98,8 +114,12 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
     if config.backend == "nccl":
         checks.check_gpus("nccl", config.world_size, _gpu_count())
     checks.check_resources(config.world_size)
-    get_fork_server()  # it imports torch while this process resolves the backend
-    config = replace(config, backend=resolve_backend(config.backend, config.world_size))
+    # it imports torch while this process resolves the backend
+    (get_fork_server if config.network is None else get_network_fork_server)()
+    backend = resolve_backend(config.backend, config.world_size)
+    if config.network is not None:
+        backend = "gloo"  # shaped links carry TCP: gloo, never NCCL over NVLink/PCIe
+    config = replace(config, backend=backend)
     with Session(config, payload) as session:
         session.start()
         session.wait()

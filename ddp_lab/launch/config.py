@@ -29,6 +29,7 @@ class LaunchConfig:
     script: str | None = None
     script_args: tuple = ()
     init_group: bool = True  # False for ddp_lab.spawn: fn(rank, ...) initializes its own
+    network: object = None  # network.Network: a shaped run; None: plain loopback
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class RankSpec:
     script: str | None = None  # None: call the pickled function in run_dir/payload.pkl
     script_args: tuple = ()
     init_group: bool = True
+    network: bool = False  # forked into its own network namespace (switch.py)
 
 
 class RunFiles:

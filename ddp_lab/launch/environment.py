@@ -23,22 +23,28 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 INIT_BARRIER_VAR = "TORCH_DIST_INIT_BARRIER"
 
 
-def loopback_env(config: LaunchConfig) -> dict[str, str]:
-    """This process's environment with gloo and NCCL kept off the network (one machine)
-    and a barrier after process-group set-up, then the caller's ``env=``, which may
-    override all three."""
-    loopback = loopback_interface()
-    return {**os.environ, "GLOO_SOCKET_IFNAME": loopback, "NCCL_SOCKET_IFNAME": loopback,
+SHAPED_INTERFACE = "eth0"  # a shaped run's rank: its one link (switch.py)
+
+
+def loopback_env(config: LaunchConfig, interface: str | None = None) -> dict[str, str]:
+    """This process's environment with gloo and NCCL kept off the network (one machine;
+    a shaped run: on the rank's link) and a barrier after process-group set-up, then the
+    caller's ``env=``, which may override all three."""
+    interface = interface or loopback_interface()
+    return {**os.environ, "GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface,
             INIT_BARRIER_VAR: "1", **config.env}
 
 
-def run_env(config: LaunchConfig, port: int, run_dir: str) -> dict[str, str]:
-    """The environment torchrun would give every rank, plus loopback-only networking."""
-    env = loopback_env(config)
+def run_env(config: LaunchConfig, port: int, run_dir: str,
+            address: str = "127.0.0.1") -> dict[str, str]:
+    """The environment torchrun would give every rank, plus loopback-only networking (a
+    shaped run: the store is at ``address`` on the bridge, traffic on each rank's link)."""
+    shaped = config.network is not None
+    env = loopback_env(config, SHAPED_INTERFACE if shaped else None)
     n = config.world_size
     env.update({
         "GROUP_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
-        "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": address, "MASTER_PORT": str(port),
         "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": str(threads_per_rank(n)),
         "PYTHONUNBUFFERED": "1", RUN_DIR_VAR: run_dir,
     })

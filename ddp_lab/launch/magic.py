@@ -28,6 +28,8 @@ def parse_magic_line(line: str) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--return", dest="returns", default="", metavar="NAME[,NAME]")
     parser.add_argument("--push", default="", metavar="NAME[,NAME]")
+    parser.add_argument("--network", default=None, metavar="BANDWIDTH",
+                        help="shape each rank's link, e.g. 1gbit (ddp_lab.Network)")
     return parser.parse_args(shlex.split(line))
 
 
@@ -51,7 +53,8 @@ def ddp(line: str, cell: str, user_ns: dict) -> None:
     returns = names(options.returns)
     filename = _register_cell_source(cell)
     res = ddp_lab.run(run_cell, world_size=options.world_size, backend=options.backend,
-                      timeout=options.timeout, args=(cell, filename, pushed, returns))
+                      timeout=options.timeout, args=(cell, filename, pushed, returns),
+                      network=options.network)
     for name in returns:
         user_ns[name] = [value[name] for value in res.values]
 

@@ -12,7 +12,13 @@ import socket
 
 
 def loopback_store(world_size: int):
-    """``(store, port)``: a TCPStore server listening on 127.0.0.1 only (never 0.0.0.0).
+    """``(store, port)``: a TCPStore server listening on 127.0.0.1 only (never 0.0.0.0)."""
+    return listening_store("127.0.0.1", world_size)
+
+
+def listening_store(host: str, world_size: int):
+    """``(store, port)``: a TCPStore server listening on ``host`` only (loopback, or a
+    shaped run's bridge: switch.py).
 
     TCPStore takes ownership of the descriptor it is given (``master_listen_fd``) and closes
     it when it is destroyed, also when it is destroyed because an interrupt landed just
@@ -23,11 +29,11 @@ def loopback_store(world_size: int):
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     store = identity = None
     try:
-        listener.bind(("127.0.0.1", 0))
+        listener.bind((host, 0))
         listener.listen(max(128, world_size))
         port = listener.getsockname()[1]
         identity = file_identity(listener.fileno())
-        store = TCPStore("127.0.0.1", port, world_size, is_master=True,
+        store = TCPStore(host, port, world_size, is_master=True,
                          wait_for_workers=False, master_listen_fd=listener.fileno())
         listener.detach()  # the store owns the descriptor now
         return store, port

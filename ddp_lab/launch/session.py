@@ -5,7 +5,7 @@ Interrupt-safe by construction: ``__enter__`` creates nothing, so from the momen
 Session exists its ``__exit__`` runs; every resource is registered for cleanup the moment
 it is created, with Ctrl-C held back in between (interrupts.py); cleanup holds Ctrl-C back
 until it is done and then raises it. The call is bounded whatever the ranks or the fork
-server do: it ends within ``timeout`` + ``BOUND_SLACK_S`` (a server that stops answering
+server do: it ends within ``timeout`` + ``bound.BOUND_SLACK_S`` (a server that stops answering
 is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
 """
 
@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from ddp_lab.launch.bound import (END_WAIT_S, FAILURE_GRACE_S, KILL_WAIT_S, STACK_WAIT_S,
+                                  START_SLACK_S)
 from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
 from ddp_lab.launch.echo import make_echo
 from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
@@ -29,14 +31,8 @@ from ddp_lab.launch.output import Output, OutputReader
 from ddp_lab.launch.ranks import RankState
 from ddp_lab.launch.record import RunRecord
 from ddp_lab.launch.rendezvous import loopback_store
-from ddp_lab.launch.spawner import SPAWN_REPLY_TIMEOUT, ForkServerDied, get_fork_server
-
-FAILURE_GRACE_S = 2.0   # after a rank fails, peers get this long to fail on their own
-STACK_WAIT_S = 2.0      # how long to wait for stuck ranks to write their stacks
-KILL_WAIT_S = 3.0       # killed ranks not reported gone by then: the fork server is wedged
-END_WAIT_S = 4.0        # for the fork server to put the run's leftovers down (reaper.GRACE_S)
-START_SLACK_S = 6.0     # starting the ranks may eat this much into the deadline's slack
-BOUND_SLACK_S = 15.0    # the call ends by timeout + this, whatever happens
+from ddp_lab.launch.spawner import (SPAWN_REPLY_TIMEOUT, ForkServerDied, get_fork_server,
+                                    get_network_fork_server)
 
 
 class Session:
@@ -63,12 +59,10 @@ class Session:
 
     # -- set-up -------------------------------------------------------------------------
     def start(self) -> None:
-        self.entered = time.monotonic()
-        self.limit = self.entered + self.config.timeout + START_SLACK_S
         self._set_up()
         for state in self.ranks:
             self._spawn(state)
-        self._await_spawned()
+        self._await(lambda: any(s.pid is None for s in self.ranks), "while starting the ranks")
         self.started = time.monotonic()
 
     def _set_up(self) -> None:
@@ -85,11 +79,36 @@ class Session:
         with deferred():  # the lifeline: ranks die when its write end closes (worker.py)
             self.fds["lifeline_r"], self.fds["lifeline_w"] = os.pipe()
             keep(self._close, "lifeline_r", "lifeline_w")
+        if self.config.network is not None:
+            return self._set_up_network()
         self.server = get_fork_server()
+        self._start_clock()
         with deferred():
             self.store, self.port = loopback_store(self.config.world_size)
             keep(setattr, self, "store", None)  # its destructor stops the server thread
         self.base_env = run_env(self.config, self.port, self.run_dir)
+
+    def _start_clock(self) -> None:
+        """Once the fork server is ready: a new one imports torch first (seconds, many more
+        on busy cores), which is not the run's time and must not eat a short timeout."""
+        self.server.wait_ready()
+        self.entered = time.monotonic()
+        self.limit = self.entered + self.config.timeout + START_SLACK_S
+
+    def _set_up_network(self) -> None:
+        """A shaped run: the network fork server builds the links and hosts the store on the
+        bridge (ranks cannot reach our loopback); end-run takes them down (switch.py)."""
+        from ddp_lab.launch.network import link_plan, not_built
+        plan = link_plan(self.config.network, self.config.world_size)
+        self.server = get_network_fork_server()
+        self._start_clock()
+        self.net_reply = None
+        self.server.net_up(self.run_dir, self.config.world_size, plan, self.events)
+        self._await(lambda: self.net_reply is None, "while building the run's network")
+        address, error = self.net_reply
+        if error:
+            raise not_built(error)
+        self.base_env = run_env(self.config, address[1], self.run_dir, address=address[0])
 
     def _spawn(self, state: RankState) -> None:
         spec = self._spec(state.rank)
@@ -109,16 +128,18 @@ class Session:
                         sys_path=tuple(sys.path), backend=c.backend,
                         threads=threads_per_rank(c.world_size),
                         pg_timeout_s=c.timeout + 60.0, script=c.script,
-                        script_args=c.script_args, init_group=c.init_group)
+                        script_args=c.script_args, init_group=c.init_group,
+                        network=c.network is not None)
 
-    def _await_spawned(self) -> None:
+    def _await(self, pending, when: str) -> None:
+        """Handle the fork server's replies until ``pending()`` is false."""
         until = min(self.entered + SPAWN_REPLY_TIMEOUT, self.limit)
-        while any(s.pid is None for s in self.ranks):
+        while pending():
             if not self.server.alive and not self.server.wedged:
-                raise RuntimeError("the ddp_lab fork server died while starting ranks; "
-                                   "run again (a new one is started)")
+                raise RuntimeError(f"the ddp_lab fork server died {when}; run again (a new "
+                                   "one is started)")
             if time.monotonic() >= until or self.server.wedged:
-                self._abandon_server("while starting the ranks")
+                self._abandon_server(when)
             self._drain_events(block_s=min(0.25, max(0.0, until - time.monotonic())))
 
     # -- the run ------------------------------------------------------------------------
@@ -201,6 +222,8 @@ class Session:
             self._all_exited()
         elif event[0] == "run-ended":
             self.run_ended = True
+        elif event[0] == "net-ready":
+            self.net_reply = (event[1], event[2])
 
     def _all_exited(self) -> None:
         for state in self.ranks:

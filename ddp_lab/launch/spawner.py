@@ -16,12 +16,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from ddp_lab.launch import channel, process_tree
 from ddp_lab.launch.environment import package_pythonpath
+from ddp_lab.launch.errors import ForkServerUnresponsive
 from ddp_lab.launch.interrupts import deferred
 
-SPAWN_REPLY_TIMEOUT = 120.0  # the first reply waits for the server to import torch
+SPAWN_REPLY_TIMEOUT = 120.0  # a new server may take this long to import torch (busy cores)
 SEND_TIMEOUT_S = 2.0  # a server that reads nothing for this long is wedged (or SIGSTOPped)
 CLOSE_WAIT_S = 10.0  # how long a closed server gets to put its runs' leftovers down
 
@@ -31,13 +33,19 @@ class ForkServerDied(RuntimeError):
 
 
 class ForkServer:
-    def __init__(self):
+    """``prefix``: a command the server runs under (``unshare ... --``: network.py)."""
+
+    def __init__(self, prefix: tuple[str, ...] = ()):
         self.sock, theirs = channel.socket_pair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ddp_lab.launch.zygote", str(theirs.fileno())],
+            [*prefix, sys.executable, "-m", "ddp_lab.launch.zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            env=_server_env(), start_new_session=True)
+            stderr=subprocess.PIPE if prefix else None, env=_server_env(),
+            start_new_session=True)
         theirs.close()
+        if prefix:
+            threading.Thread(target=_pass_stderr, args=(self.process.stderr,),
+                             name="ddp_lab-forkserver-stderr", daemon=True).start()
         self.pid_owner = os.getpid()
         self._send_lock = threading.Lock()
         self._ids = itertools.count()
@@ -45,6 +53,7 @@ class ForkServer:
         self._routes_lock = threading.Lock()
         self.alive = True
         self.wedged = False  # it stopped reading our messages: only killing it helps
+        self.ready = threading.Event()  # not importing; set on death too (nothing to wait for)
         threading.Thread(target=self._read_replies, name="ddp_lab-forkserver", daemon=True).start()
 
     def spawn(self, spec, fds: list[int], events: queue.Queue) -> None:
@@ -65,6 +74,13 @@ class ForkServer:
         with self._routes_lock:
             self._routes[("run", run_dir)] = events
         self._send(("end-run", run_dir))
+
+    def net_up(self, run_dir: str, world_size: int, plan, events: queue.Queue) -> None:
+        """Ask for a shaped run's network; ("net-ready", address or None, error or None)
+        goes to ``events`` (only a server started in a namespace of its own can)."""
+        with self._routes_lock:
+            self._routes[("net", run_dir)] = events
+        self._send(("net-up", run_dir, world_size, plan))
 
     def _send(self, message: tuple, fds: list[int] = ()) -> None:
         if self.wedged:
@@ -89,8 +105,34 @@ class ForkServer:
                 return self._on_death()
             self._route(message)
 
+    def wait_ready(self) -> None:
+        """Wait while the server imports: torch when it is new, torch._dynamo and the
+        sharding packages after its first run (zygote.WARM); otherwise it is ready at once.
+
+        A run starts its deadline only after this, so a short ``timeout`` is not eaten by
+        an import, which takes seconds, and many more on busy cores. A server that is
+        stopped (SIGSTOP) or still not ready after SPAWN_REPLY_TIMEOUT is killed.
+        """
+        deadline = time.monotonic() + SPAWN_REPLY_TIMEOUT
+        while not self.ready.wait(0.1):
+            if process_tree.stopped(self.process.pid) or time.monotonic() > deadline:
+                pid = self.process.pid
+                self.kill()
+                raise ForkServerUnresponsive(
+                    f"the ddp_lab fork server (pid {pid}) stopped answering while it imported "
+                    "torch (was it stopped with SIGSTOP, or is this machine far too busy?). "
+                    "It was killed; run again and a new one is started.")
+        if not self.alive:
+            raise ForkServerDied(
+                "the new ddp_lab fork server died while importing torch (`python -c \"import "
+                "torch\"` says whether this environment can); run again to start a new one")
+
     def _route(self, message: tuple) -> None:
         kind, key, *rest = message
+        if kind == "ready":
+            return self.ready.set()
+        if kind == "warming":
+            return self.ready.clear()
         with self._routes_lock:
             if kind == "spawned":
                 events = self._routes.pop(-1 - key)
@@ -100,9 +142,12 @@ class ForkServer:
                 self._routes.pop(key).put(("exited", key, rest[0]))
             elif kind == "run-ended" and ("run", key) in self._routes:
                 self._routes.pop(("run", key)).put(("run-ended", key))
+            elif kind == "net-ready" and ("net", key) in self._routes:
+                self._routes.pop(("net", key)).put(("net-ready", *rest))
 
     def _on_death(self) -> None:
         self.alive = False
+        self.ready.set()
         with self._routes_lock:
             waiting = {id(events): events for events in self._routes.values()}
             self._routes.clear()
@@ -131,6 +176,20 @@ class ForkServer:
         self.process.wait()
 
 
+# c10d looks up the host name of the first peer that connects to a store; in a shaped run's
+# namespace there is no DNS, and the failed lookup printed this line into the caller's cell
+# once per server (torch 2.13, socket.cpp). Harmless: the address itself is used.
+HARMLESS = (b"The hostname of the client socket cannot be retrieved",)
+
+
+def _pass_stderr(stream) -> None:
+    """The namespaced server's stderr, passed on to ours but for HARMLESS lines."""
+    with stream:
+        for line in stream:
+            if not any(text in line for text in HARMLESS):
+                os.write(2, line)
+
+
 def _server_env() -> dict[str, str]:
     """The server must import this very ddp_lab, installed or not."""
     env = dict(os.environ)
@@ -142,7 +201,8 @@ def _server_env() -> dict[str, str]:
 class _Holder:
     """The process-wide server; a new one after a fork of this process or a death."""
 
-    def __init__(self):
+    def __init__(self, prefix=tuple):
+        self._prefix = prefix  # called for each new server: its command prefix
         self._lock = threading.Lock()
         self._server: ForkServer | None = None
 
@@ -153,7 +213,7 @@ class _Holder:
                 if server is not None and server.pid_owner == os.getpid():
                     server.close()
                 with deferred():  # a Ctrl-C now would leak a server nobody holds
-                    self._server = ForkServer()
+                    self._server = ForkServer(self._prefix())
             return self._server
 
     def pid(self) -> int | None:
@@ -170,8 +230,30 @@ class _Holder:
             self._server = None
 
 
+def _network_prefix() -> tuple[str, ...]:
+    """Shaped runs get a server of their own inside a new user and network namespace (the
+    switch: switch.py); it is started the first time a shaped run asks for it."""
+    from ddp_lab.launch.network import find_tools
+    return (find_tools()["unshare"], "--user", "--map-root-user", "--net", "--")
+
+
 _holder = _Holder()
-atexit.register(_holder.shutdown)
+_network_holder = _Holder(_network_prefix)
 get_fork_server = _holder.get
-shutdown = _holder.shutdown
+get_network_fork_server = _network_holder.get
 fork_server_pid = _holder.pid
+network_fork_server_pid = _network_holder.pid
+
+
+def launcher_pids() -> set[int]:
+    """The processes a launcher keeps between runs: its fork servers (none: empty)."""
+    return {pid for pid in (fork_server_pid(), network_fork_server_pid()) if pid is not None}
+
+
+def shutdown() -> None:
+    """Stop both fork servers (each is started again by the next run that needs it)."""
+    _holder.shutdown()
+    _network_holder.shutdown()
+
+
+atexit.register(shutdown)

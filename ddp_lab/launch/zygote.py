@@ -10,7 +10,12 @@ Protocol (see channel.py), launcher -> server:
     ("spawn", request_id, RankSpec) + fds [output_pipe_w, lifeline_r]
     ("signal", pid, signum)        signal a rank (SIGKILL: and everything below it)
     ("end-run", run_dir)           the run is over: put its leftovers down (reaper.py)
+    ("net-up", run_dir, world_size, LinkPlan)   a shaped run's network (switch.py); only
+                                   for a server started in a namespace of its own
 server -> launcher:
+    ("ready", None)                torch is imported (PRELOAD; after "warming": WARM too)
+    ("warming", None)              importing WARM: runs wait for "ready" to start
+    ("net-ready", run_dir, (address, port) or None, error or None)
     ("spawned", request_id, pid)
     ("exited", pid, returncode)    returncode < 0: killed by that signal
     ("run-ended", run_dir)         no rank and no leftover of that run is left
@@ -20,6 +25,7 @@ server exits.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import selectors
@@ -33,15 +39,15 @@ from ddp_lab.launch.reaper import Reaper
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
            "cloudpickle", "numpy", "psutil", "ddp_lab.launch.worker")
-# DDP's constructor imports torch._dynamo (~1-3 s per rank). Importing it before the first
-# run would delay every cold start by that much, and importing it while ranks run would
-# delay their exit reports; importing it once the first run is over and the server has sat
-# idle a moment (a notebook between two cells) makes every later DDP run start in a
-# fraction of a second. (Ranks forked with it loaded hung often in the DDP tutorial's
-# cleanup(): a race in torch that this only made likelier; worker.py defuses it for every
-# rank, see teardown.py.)
-DEFERRED = ("torch._dynamo",)
-IDLE_SECONDS = 0.5
+# DDP's constructor imports torch._dynamo (~1-3 s per rank, far more on busy cores, and every
+# rank of a run pays it at once); it brings FSDP and DTensor along, and the checkpoint package
+# (notebooks 10 and 11) costs a fraction of a second more. Imported before the first run, they
+# would slow every cold start; so the server imports them as soon as its first run is over,
+# saying "warming" first: a launcher then waits for "ready" before it starts a run's clock
+# (spawner.ForkServer.wait_ready), and its ranks are forked with them loaded. Ranks forked
+# with torch._dynamo loaded made a race in torch's teardown likelier (the DDP tutorial's
+# cleanup() hung); worker.py defuses it for every rank, see teardown.py.
+WARM = ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.checkpoint")
 POLL_SECONDS = 0.05  # while leftovers are being put down or a launcher waits for them
 
 
@@ -61,7 +67,9 @@ class Server:
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.wake_w = wake_w
-        self.deferred: list[str] | None = None  # set by the first spawn, emptied when idle
+        self.switch = None  # switch.Switch, made by the first shaped run
+        self.warm = False  # WARM imported
+        self.warming = False  # announced: import WARM once this loop turn is over
 
     def serve(self) -> None:
         selector = selectors.DefaultSelector()
@@ -69,18 +77,24 @@ class Server:
         selector.register(self.wake_r, selectors.EVENT_READ, self._on_sigchld)
         while True:
             events = selector.select(self._select_timeout())
-            if not events and self.deferred and self._select_timeout() == IDLE_SECONDS:
-                importlib.import_module(self.deferred.pop(0))
             for key, _ in events:
                 if key.data() is False:
                     return self.shutdown()
             if not self._tidy():
                 return self.shutdown()
+            if self.warming and not self._warm_up():
+                return self.shutdown()
+
+    def _warm_up(self) -> bool:
+        for name in WARM:
+            importlib.import_module(name)
+        self.warm, self.warming = True, False
+        return self._tell(("ready", None))
 
     def _select_timeout(self) -> float | None:
         if self.reaper.doomed or self.ending:  # leftovers do not all wake us when they exit
             return POLL_SECONDS
-        return IDLE_SECONDS if self.deferred and not self.reaper.ranks else None
+        return None
 
     def _tidy(self) -> bool:
         if not (self.reaper.doomed or self.ending):
@@ -96,6 +110,8 @@ class Server:
             return self.spawn(message[1], message[2], fds)
         if message[0] == "signal":
             self.signal_rank(message[1], message[2])
+        elif message[0] == "net-up":
+            return self.net_up(*message[1:])
         elif message[0] == "end-run":
             self.ending.add(message[1])
             self.reaper.sweep()
@@ -106,14 +122,23 @@ class Server:
         os.read(self.wake_r, 4096)
         return self.reap()
 
+    def net_up(self, run_dir: str, world_size: int, plan) -> bool:
+        from ddp_lab.launch.switch import Switch
+        try:
+            self.switch = self.switch or Switch()
+            net = self.switch.up(run_dir, world_size, plan)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back as a message
+            return self._tell(("net-ready", run_dir, None, f"{type(exc).__name__}: {exc}"))
+        self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {run_dir}
+        return self._tell(("net-ready", run_dir, (net.address, net.port), None))
+
     def spawn(self, request_id: int, spec, fds: list[int]) -> bool:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            self._become_rank(spec, fds)
-        if self.deferred is None:
-            self.deferred = list(DEFERRED)
+        with self._rank_network(spec):
+            pid = os.fork()
+            if pid == 0:
+                self._become_rank(spec, fds)
         _setpgid_quietly(pid)  # also done in the child: whichever runs first wins the race
         for fd in fds:
             os.close(fd)
@@ -121,8 +146,16 @@ class Server:
         self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {spec.run_dir}
         return self._tell(("spawned", request_id, pid))
 
+    def _rank_network(self, spec):
+        """A shaped run's rank is forked inside its own network namespace."""
+        if spec.network:
+            return self.switch.inside(spec.run_dir, spec.rank)
+        return contextlib.nullcontext()
+
     def _become_rank(self, spec, fds: list[int]) -> None:
         try:
+            if self.switch is not None:
+                self.switch.close_in_child()
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for fd in (self.wake_r, self.wake_w, self.sock.fileno()):
@@ -154,9 +187,22 @@ class Server:
         for run in [r for r in self.ending if self.reaper.is_over(r)]:
             self.ending.discard(run)
             self.reaper.forget(run)
-            if not self._tell(("run-ended", run)):
+            if self.switch is not None:
+                self.switch.down(run)
+            # "warming" goes before "run-ended": the launcher knows before its run returns
+            # that the next one must wait for "ready"
+            if not (self._announce_warming() and self._tell(("run-ended", run))):
                 return False
         return True
+
+    def _announce_warming(self) -> bool:
+        """Only when no other run is known (running, or ended but not yet put down): the
+        import blocks this loop for seconds, which a run waiting for its end would take
+        for a wedged server."""
+        if self.warm or self.warming or self.reaper.groups or self.ending:
+            return True
+        self.warming = True
+        return self._tell(("warming", None))
 
     def _tell(self, message: tuple) -> bool:
         try:
@@ -168,6 +214,8 @@ class Server:
     def shutdown(self) -> None:
         """The launcher is gone: stop every rank and leftover, remove the run folders."""
         self.reaper.kill_everything()
+        for run_dir in list(self.switch.runs if self.switch else ()):
+            self.switch.down(run_dir)
         for run_dir in self.run_dirs:
             shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -183,7 +231,9 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     sock = socket.socket(fileno=int(argv[0]))
     preload()
-    Server(sock).serve()
+    server = Server(sock)
+    if server._tell(("ready", None)):
+        server.serve()
 
 
 if __name__ == "__main__":

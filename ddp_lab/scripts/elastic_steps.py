@@ -12,6 +12,11 @@ where it was instead of starting over: the job-level checkpoint every elastic sc
 ``--trace FILE`` appends one JSON line per worker and step (for the notebook's timeline);
 ``--fail-rank R --fail-at-step K`` makes rank R raise at step K, on the first attempt only
 (``TORCHELASTIC_RESTART_COUNT == 0``): the failure ``--max-restarts`` recovers from.
+``--hold-at-step K --hold-for-world N`` makes workers in a world smaller than N wait at step
+K until torchrun restarts them in a bigger one (a node joined): on a busy laptop the second
+node's agent may take longer to start than the whole job, and the demo of a node joining
+would then show nothing. (A membership change is no failure: TORCHELASTIC_RESTART_COUNT
+stays 0, so the world size is what tells the rounds apart.)
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--trace", default=None, help="append a JSON line per step here")
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--fail-at-step", type=int, default=None)
+    parser.add_argument("--hold-at-step", type=int, default=None,
+                        help="wait at this step while the world is smaller than...")
+    parser.add_argument("--hold-for-world", type=int, default=0, help="...this many workers")
     return parser.parse_args(argv)
 
 
@@ -51,6 +59,8 @@ def main(argv=None) -> None:
         began = time.time()
         if rank == args.fail_rank and step == args.fail_at_step and restart == 0:
             raise RuntimeError(f"rank {rank} failed at step {step} (a simulated crash)")
+        if step == args.hold_at_step and dist.get_world_size() < args.hold_for_world:
+            _hold(rank, step)
         world = torch.ones(1)
         dist.all_reduce(world)
         time.sleep(args.step_s)
@@ -61,6 +71,13 @@ def main(argv=None) -> None:
     print(f"rank {rank}: done after step {step - 1}", flush=True)
     ddp_lab.report({"world_size": dist.get_world_size(), "restart": restart, "steps": step})
     dist.destroy_process_group()
+
+
+def _hold(rank: int, step: int) -> None:
+    """Wait for torchrun to stop this worker (SIGTERM) and start a new round."""
+    print(f"rank {rank}: holding at step {step} until the world grows", flush=True)
+    while True:
+        time.sleep(0.1)
 
 
 def _read_state(path: str) -> int:

@@ -39,7 +39,7 @@ def format_report(one: Sweep, many: Sweep) -> str:
 
 def _world_table(sweep: Sweep, world: int) -> list[str]:
     names = sweep.algorithms(world)
-    lines = [f"{world} ranks: time (fastest repeat, ms) | busbw (GB/s)",
+    lines = [f"{world} ranks: ms per call (fastest burst) | busbw (GB/s)",
              f"{'size':>9} " + "".join(f"{n[:16]:>18}" for n in names)]
     for size in sweep.sizes(world):
         cells = "".join(f"{sweep.seconds(world, n, size) * 1e3:>9.3f} |"

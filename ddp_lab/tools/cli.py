@@ -22,6 +22,9 @@ def _add_notebooks(sub) -> None:
     p.add_argument("--build", default="build", type=Path, help="where executed copies and HTML go")
     p.add_argument("--pattern", default="*.ipynb", help="glob of the notebooks to run")
     p.add_argument("--timeout", default=300.0, type=float, help="seconds allowed per cell")
+    p.add_argument("--solved", action="store_true",
+                   help="fill every exercise cell with its reference solution; fail if a "
+                        "check still says 'not solved yet'")
     p.set_defaults(handler=_cmd_notebooks)
 
 
@@ -42,7 +45,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         return 2
     reports = notebook_runner.run_all(args.dir, args.build, args.pattern,
                                       progress=lambda line: print(line, flush=True),
-                                      timeout_per_cell=args.timeout)
+                                      timeout_per_cell=args.timeout, solved=args.solved)
     print("\n" + _summary_table(reports))
     print(f"\nreport: {(args.build / 'index.html').resolve()}", flush=True)
     failed = [r for r in reports if not r.ok]
@@ -109,7 +112,8 @@ def _add_bench(sub) -> None:
     allreduce.add_argument("-n", "--world-sizes", type=int, nargs="+", default=[2, 4])
     allreduce.add_argument("--threads", type=int, default=2,
                            help="threads per rank for the oversubscribed run")
-    allreduce.add_argument("--repeats", type=int, default=20)
+    allreduce.add_argument("--repeats", type=int, default=20,
+                           help="back-to-back calls per timed burst (nccl-tests -n)")
     allreduce.add_argument("--sizes", type=int, nargs="+", default=None,
                            help="bytes (default 1 KiB..64 MiB)")
     allreduce.set_defaults(handler=_cmd_bench_allreduce)
@@ -124,6 +128,16 @@ def _add_bench(sub) -> None:
                                                "with the no-overlap baseline")
     bench_buckets.add_arguments(buckets)
     buckets.set_defaults(handler=_cmd_bench_buckets)
+    from ddp_lab.tools import bench_network
+    shaped = which.add_parser("network", help="shaped links (ddp_lab.Network): configured "
+                                              "vs measured bandwidth and latency")
+    bench_network.add_arguments(shaped)
+    shaped.set_defaults(handler=_cmd_bench_network)
+    from ddp_lab.tools import bench_ddp_network
+    ddp_net = which.add_parser("ddp-network", help="DDP buckets, overlap and hooks on "
+                                                   "loopback vs shaped links")
+    bench_ddp_network.add_arguments(ddp_net)
+    ddp_net.set_defaults(handler=_cmd_bench_ddp_network)
 
 
 def _cmd_bench_launch(args: argparse.Namespace) -> int:
@@ -150,6 +164,16 @@ def _cmd_bench_ddp(args: argparse.Namespace) -> int:
 def _cmd_bench_buckets(args: argparse.Namespace) -> int:
     from ddp_lab.tools import bench_buckets
     return bench_buckets.main(args)
+
+
+def _cmd_bench_network(args: argparse.Namespace) -> int:
+    from ddp_lab.tools import bench_network
+    return bench_network.main(args)
+
+
+def _cmd_bench_ddp_network(args: argparse.Namespace) -> int:
+    from ddp_lab.tools import bench_ddp_network
+    return bench_ddp_network.main(args)
 
 
 REGISTRARS: tuple[Registrar, ...] = (_add_doctor, _add_run, _add_notebooks, _add_bench)

@@ -62,7 +62,6 @@ DEMOS = {
     "uneven_hang": "ddp_lab.course.ch08_when_it_breaks.uneven_inputs:uneven_training",  # hangs: -n 3 --timeout 5
     "monitored_barrier": "ddp_lab.course.ch08_when_it_breaks.mismatches:stuck_ranks_at_barrier",  # -n 4
     # 09 torchrun and multi-node
-    "node_groups": "ddp_lab.course.ch09_torchrun.multinode:node_sums_reference",  # 2 ranks per node: -n 4
 }
 
 

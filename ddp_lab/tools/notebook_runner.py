@@ -25,6 +25,8 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from nbconvert import HTMLExporter
 from traitlets import default
 
+from ddp_lab.tools.solved import solved_copy, unsolved_checks
+
 Progress = Callable[[str], object]
 
 
@@ -59,6 +61,30 @@ class NotebookReport:
         if self.failed_source:
             where += f" ({self.failed_source!r})"
         return f"{self.name}: FAILED at {where} after {self.seconds:.1f} s: {self.error}"
+
+    def printed_tail(self, limit: int = 4000) -> str:
+        """The last ``limit`` characters the executed copy's cells printed (streams and
+        text results), each cell headed by its number.
+
+        Why: a bare ``assert`` in a check cell fails with no message; what the cells above
+        printed (a subprocess's output, a rank's error) is what says why, and in CI the
+        executed copy is gone with the machine.
+        """
+        if self.executed_path is None or not self.executed_path.exists():
+            return ""
+        nb = nbformat.read(self.executed_path, as_version=4)
+        parts = []
+        for number, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), 1):
+            text = "".join(_output_text(o) for o in cell.get("outputs", []))
+            if text:
+                parts.append(f"[cell {number}]\n{text}")
+        return "\n".join(parts)[-limit:]
+
+
+def _output_text(output) -> str:
+    if output.output_type == "stream":
+        return output.text
+    return output.get("data", {}).get("text/plain", "") if "data" in output else ""
 
 
 class CurrentInterpreterKernel(AsyncKernelManager):
@@ -180,19 +206,38 @@ def _write_outputs(nb, report: NotebookReport, build_dir: Path) -> NotebookRepor
 
 
 def execute_notebook(
-    path: Path | str, out_dir: Path | str, timeout_per_cell: float = 300.0
+    path: Path | str, out_dir: Path | str, timeout_per_cell: float = 300.0,
+    solved: bool = False,
 ) -> NotebookReport:
     """Execute one notebook in a fresh kernel, cells running in the notebook's folder.
 
     Writes ``out_dir/notebooks/NAME.ipynb`` and ``out_dir/html/NAME.html`` and never
     raises for a failing notebook: the report says which code cell failed and why.
+    ``solved=True`` first replaces every exercise cell with the reference solution
+    (tools/solved.py), and fails the notebook if a check still says "not solved yet".
     """
     path = Path(path).resolve()
     nb = nbformat.read(path, as_version=4)
+    if solved:
+        nb = nbformat.from_dict(solved_copy(nb))
     start = time.perf_counter()
     cell_index, exc = _execute(nb, path.parent, timeout_per_cell)
+    if solved and exc is None:
+        cell_index, exc = _first_unsolved(nb)
     report = _report(path, nb, time.perf_counter() - start, cell_index, exc)
     return _write_outputs(nb, report, Path(out_dir).resolve())
+
+
+class UnsolvedInSolvedMode(RuntimeError):
+    """A check said "not solved yet" although its exercise cell held the solution."""
+
+
+def _first_unsolved(nb) -> tuple[int | None, Exception | None]:
+    from ddp_lab.exercises import NOT_SOLVED
+    cells = unsolved_checks(nb, NOT_SOLVED)
+    if not cells:
+        return None, None
+    return cells[0], UnsolvedInSolvedMode(f"the check says {NOT_SOLVED!r} in solved mode")
 
 
 def _index_row(report: NotebookReport, build_dir: Path) -> str:
@@ -235,13 +280,14 @@ def run_all(
     pattern: str = "*.ipynb",
     progress: Progress = print,
     timeout_per_cell: float = 300.0,
+    solved: bool = False,
 ) -> list[NotebookReport]:
     """Execute every matching notebook in order, then write ``build_dir/index.html``."""
     notebooks = find_notebooks(notebook_dir, pattern)
     reports = []
     for i, path in enumerate(notebooks, 1):
         progress(f"[{i}/{len(notebooks)}] {path.name} ...")
-        report = execute_notebook(path, build_dir, timeout_per_cell)
+        report = execute_notebook(path, build_dir, timeout_per_cell, solved)
         progress(f"[{i}/{len(notebooks)}] {report.describe()}")
         reports.append(report)
     write_index(reports, build_dir)

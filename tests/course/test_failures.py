@@ -108,29 +108,6 @@ def test_equal_shards_and_join_match_a_single_process_replay():
             torch.testing.assert_close(per_rank[how]["weights"], expected)
 
 
-def test_exercise_checker_accepts_agreement_and_rejects_a_plain_loop():
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    def agreed(ddp_model, optimizer, batches):
-        steps = torch.tensor(len(batches))
-        dist.all_reduce(steps, op=dist.ReduceOp.MIN)
-        for x, y in batches[:int(steps)]:
-            optimizer.zero_grad()
-            F.mse_loss(ddp_model(x), y).backward()
-            optimizer.step()
-
-    def plain(ddp_model, optimizer, batches):
-        for x, y in batches:
-            optimizer.zero_grad()
-            F.mse_loss(ddp_model(x), y).backward()
-            optimizer.step()
-
-    assert uneven_inputs.check_stop_together(agreed, world_sizes=(2, 4)).startswith("passed")
-    with pytest.raises(AssertionError, match="same number of steps"):
-        uneven_inputs.check_stop_together(plain, world_sizes=(2,), timeout=5)
-
-
 # -- stragglers --------------------------------------------------------------------------
 def test_straggler_script_reports_every_rank_and_marks_the_slow_one():
     times = stragglers.measure(world_size=3, delay=0.02, steps=3)
@@ -180,8 +157,10 @@ def test_torchrun_error_files_hold_the_root_cause():
 
 
 def test_torchrun_past_its_timeout_is_stopped_with_all_its_workers():
-    result = torchrun([stragglers.SCRIPT, *stragglers.straggler_args(delay=60, steps=1)], 2,
-                      timeout=6)
+    # 20 s: on two busy cores the agent and its workers need ~10 s to be up (a shorter
+    # timeout stops the agent alone, and the test would prove less)
+    result = torchrun([stragglers.SCRIPT, *stragglers.straggler_args(delay=600, steps=1)], 2,
+                      timeout=20)
     assert result.returncode is None
     assert len(result.stopped) >= 3, "expected the agent and both workers to be running"
     assert wait_until_gone(result.stopped) == []

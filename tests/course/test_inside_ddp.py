@@ -1,6 +1,5 @@
 """Inside DDP (notebook 07): bucket layouts, hooks' bytes, no_sync, bucket views, unused
-parameters, the overlap timeline, the sweep and the exercise checker, on real ranks and
-compared with single-process references. Small models; no timing is asserted."""
+parameters, the overlap timeline and the sweep, on real ranks and compared with single-process references. Small models; no timing is asserted."""
 
 import argparse
 
@@ -13,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_lab
 from ddp_lab.tools import bench_buckets
-from ddp_lab.course.ch07_inside_ddp import accumulation, bucket_sweep, buckets, comm_hooks, memory as ddp_memory, hook_exercise, overlap, unused_params
+from ddp_lab.course.ch07_inside_ddp import accumulation, bucket_sweep, buckets, comm_hooks, memory as ddp_memory, overlap, unused_params
 from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
 from ddp_lab.course.units import MiB
 from ddp_lab.course.ch07_inside_ddp import plots as pictures
@@ -183,9 +182,16 @@ def test_timeline_structure():
         backward = [s for s in t["ddp"]["compute"] if s[0] != "forward"]
         assert len(backward) == TINY.depth
         assert len(t["ddp"]["comm"]) == len(buckets.predicted_layout(make_mlp(TINY), 0.001))
-        assert t["ddp"]["comm"][0][1] < max(end for _, _, end in backward)
+        # the Reducer hands bucket 0 over during backward (when gloo's thread gets to run it
+        # depends on the scheduler, so only the hand-over is asserted)
+        assert t["ddp"]["handed"][0] < max(end for _, _, end in backward)
         assert t["no_overlap"]["comm"][0][1] >= max(e for _, _, e in t["no_overlap"]["compute"])
         assert 0 <= overlap.overlap_fraction(t["ddp"]) <= 1
+        for step in (t["ddp"], t["no_overlap"]):      # gloo ran it after it was handed over
+            assert all(handed <= start < end for handed, (_, start, end)
+                       in zip(step["handed"], step["comm"]))
+            assert 1 <= overlap.in_flight(step) <= t["gloo_threads"] == 2
+            assert len(set(step["threads"])) <= 2
     assert isinstance(pictures.overlap_timeline(timelines), Figure)
 
 
@@ -203,33 +209,3 @@ def test_sweep_counts_buckets_and_prints_a_table(capsys):
     assert tiny == 3  # a 256-byte bias does not fill 1 kB: it shares with its weight
     assert result["buckets"] == {0.001: tiny, None: 1, 1000: 1}
     assert isinstance(pictures.sweep_curve(result), Figure)
-
-
-# --- the exercise --------------------------------------------------------------------------
-
-def counting_hook(state, bucket):
-    buffer = bucket.buffer()
-    state["bytes"] += buffer.numel() * buffer.element_size()
-    buffer.div_(dist.get_world_size())
-    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
-
-
-def summing_hook(state, bucket):
-    state["bytes"] += bucket.buffer().numel() * 4
-    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
-        lambda f: f.value()[0])
-
-
-def test_exercise_checker_accepts_a_solution_and_explains_wrong_ones():
-    assert "passed" in hook_exercise.check_counting_hook(counting_hook, world_sizes=(2,))
-    with pytest.raises(AssertionError, match="2x too large"):
-        hook_exercise.check_counting_hook(summing_hook, world_sizes=(2,))
-
-
-def test_diagnosis_of_wrong_gradients():
-    ours, local = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 3.0])
-    diagnose = hook_exercise._diagnose
-    assert diagnose({"theirs": ours.clone(), "ours": ours, "local": local}, 2) is None
-    assert "3x too large" in diagnose({"theirs": 3 * ours, "ours": ours, "local": local}, 3)
-    assert "kept its own" in diagnose({"theirs": local, "ours": ours, "local": local}, 2)
-    assert "differ" in diagnose({"theirs": -ours, "ours": ours, "local": local}, 2)

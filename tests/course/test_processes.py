@@ -1,6 +1,5 @@
 """Notebook 01's demos on real ranks (world sizes 1 to 4), checked against what a single
-process computes, plus the pure helpers, the barrier timeline figure and the exercise's
-checker. The init methods and stores are in test_stores.py."""
+process computes, plus the pure helpers and the barrier timeline figure. The init methods and stores are in test_stores.py."""
 
 from __future__ import annotations
 
@@ -92,33 +91,3 @@ def test_no_rank_leaves_a_barrier_before_the_last_arrives(n):
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"rank {r}" for r in range(n)]
     assert len(ax.patches) == 2 * n  # a work bar and a waiting bar per rank
-
-
-# -- the exercise's checker ---------------------------------------------------------------------
-def no_wait(store, world_size, name):
-    store.add(f"{name}/arrived", 1)
-
-
-def same_keys_every_time(store, world_size, name):
-    if store.add("arrived", 1) == world_size:
-        store.set("go", "1")
-    store.wait(["go"])
-
-
-def never_released(store, world_size, name):
-    store.wait([f"{name}/nobody-sets-this"])
-
-
-def test_checker_accepts_the_reference_barrier():
-    verdict = processes.check_store_barrier(processes.store_barrier, world_sizes=(1, 3))
-    assert verdict.startswith("passed")
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (no_wait, "barrier 0: rank 0 left"),
-    (same_keys_every_time, "from the second barrier on"),
-    (never_released, "Wait timeout"),
-])
-def test_checker_explains_wrong_barriers(wrong, hint):
-    with pytest.raises(AssertionError, match=hint):
-        processes.check_store_barrier(wrong, world_sizes=(2,), rounds=2, wait_s=1.0)

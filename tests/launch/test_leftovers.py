@@ -22,6 +22,7 @@ import ddp_lab
 from conftest import wait_until_gone
 from ddp_lab.launch import channel, rendezvous
 from ddp_lab.launch.interrupts import deferred
+from ddp_lab.launch.bound import BOUND_SLACK_S
 from ddp_lab import ForkServerUnresponsive
 from run_probes import run_folders_of, wait_for_pids
 
@@ -236,8 +237,10 @@ def test_a_fork_server_stopped_mid_run_ends_the_run(tmp_path, stopped_server_is_
         os.kill(server, signal.SIGSTOP)
 
     threading.Thread(target=stop_when_started, daemon=True).start()
+    started = time.monotonic()
     with pytest.raises(ForkServerUnresponsive, match="stopped answering"):
         ddp_lab.run(_write_pid_and_sleep, 2, args=(str(tmp_path),), timeout=3, echo=False)
+    assert time.monotonic() - started < 3 + BOUND_SLACK_S  # bounded, not a speed target
     ranks = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
     assert wait_until_gone(ranks + [server], seconds=0) == []
     assert ddp_lab.run(torch.distributed.get_rank, 2, echo=False).values == [0, 1]
@@ -245,11 +248,14 @@ def test_a_fork_server_stopped_mid_run_ends_the_run(tmp_path, stopped_server_is_
 
 def test_a_fork_server_stopped_before_the_run_ends_the_run(stopped_server_is_released):
     ddp_lab.run(torch.distributed.get_rank, 1, echo=False)
+    ddp_lab.launch.spawner.get_fork_server().wait_ready()  # done warming up: idle, ready
     server = ddp_lab.launch.spawner.fork_server_pid()
     stopped_server_is_released.append(server)
     os.kill(server, signal.SIGSTOP)
+    started = time.monotonic()
     with pytest.raises(ForkServerUnresponsive, match="while starting the ranks"):
         ddp_lab.run(torch.distributed.get_rank, 2, timeout=2, echo=False)
+    assert time.monotonic() - started < 2 + BOUND_SLACK_S
     assert wait_until_gone([server], seconds=0) == []
     assert ddp_lab.run(torch.distributed.get_rank, 2, echo=False).values == [0, 1]
 
@@ -320,7 +326,7 @@ def test_store_creation_interrupted_at_any_instruction_leaks_nothing():
     """An interrupt just after TCPStore returned used to close the listener twice (and then
     raise OSError: Bad file descriptor instead of KeyboardInterrupt)."""
     import gc
-    code = rendezvous.loopback_store.__code__
+    code = rendezvous.listening_store.__code__  # loopback_store is a call of it
     rendezvous.loopback_store(2)  # libuv's process-wide pipes are made once, here
     before = open_fds()
     n = 1
@@ -341,3 +347,10 @@ def test_store_creation_interrupted_at_any_instruction_leaks_nothing():
             break
         n += 1
     assert n > 10
+
+
+def test_the_chain_of_waits_leaves_room_within_the_bound():
+    """run() ends by timeout + BOUND_SLACK_S: the waits that can follow the deadline one after
+    the other must leave time for the work between them (killing, removing the folder)."""
+    from ddp_lab.launch import bound
+    assert bound.WORST_CASE_WAITS_S <= bound.BOUND_SLACK_S - 3.0

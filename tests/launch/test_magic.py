@@ -44,6 +44,20 @@ def test_return_and_push(kernel):
     assert check.ok, check.error
 
 
+def test_network_gives_each_rank_a_shaped_link(kernel):
+    _, client = kernel
+    run = execute(client, """\
+        %%ddp -n 2 --network 200mbit --return where
+        import os
+        dist.all_reduce(torch.ones(1))
+        where = os.environ["GLOO_SOCKET_IFNAME"], os.environ["MASTER_ADDR"]
+    """)
+    assert run.ok, run.error
+    check = execute(client, "assert [w[0] for w in where] == ['eth0', 'eth0'], where\n"
+                            "assert where[0][1].startswith('10.77.'), where")
+    assert check.ok, check.error
+
+
 def test_error_points_at_the_cell_line(kernel):
     _, client = kernel
     run = execute(client, """\
@@ -93,6 +107,7 @@ def test_progress_updates_in_place_and_ends_as_a_line(kernel):
     ("%%ddp -n two\npass", "invalid int value"),
     ("%%ddp --push not_defined_here\npass", "not_defined_here not defined"),
     ("%%ddp -n 0\npass", "world_size must be at least 1"),
+    ("%%ddp --network fast\npass", "bandwidth='fast' is not understood"),
 ])
 def test_usage_errors(kernel, cell, words):
     _, client = kernel

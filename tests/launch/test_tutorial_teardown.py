@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(240)
 
 STEPS_PER_RUN = 60
 RUNS = 5
-PAUSE_S = 1.0  # long enough for the fork server to preload torch._dynamo (zygote.py)
+PAUSE_S = 1.0  # warm runs apart, as in a notebook: the timing that made the hang frequent
 
 
 def one_step(model) -> None:
@@ -61,7 +61,7 @@ def test_destroying_the_group_under_a_live_ddp_model_many_times_does_not_hang():
 
 
 def test_the_tutorials_cleanup_after_a_pause_does_not_hang():
-    """Warm runs, each after the pause in which the fork server preloads torch._dynamo (the
+    """Warm runs with a pause between them, ranks forked with torch._dynamo loaded (the
     timing that made the hang frequent: 6 of 20 runs)."""
     for _ in range(RUNS):
         time.sleep(PAUSE_S)

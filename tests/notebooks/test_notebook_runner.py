@@ -25,7 +25,7 @@ PASSING = [
     ),
 ]
 FAILING = [
-    nbformat.v4.new_code_cell("x = 1"),
+    nbformat.v4.new_code_cell("x = 1\nprint('x is', x)"),
     nbformat.v4.new_markdown_cell("Markdown cells do not count as code cells."),
     nbformat.v4.new_code_cell("# second code cell\nraise ValueError('boom in the second cell')"),
     nbformat.v4.new_code_cell("never = 'reached'"),
@@ -97,6 +97,9 @@ def test_failing_notebook_reports_cell_and_error(course: Path, tmp_path: Path):
     assert report.error == "ValueError: boom in the second cell"
     line = report.describe()
     assert "b_fail.ipynb" in line and "code cell 2" in line and "boom" in line
+    # What the cells printed says why an assert without a message failed.
+    assert report.printed_tail() == "[cell 1]\nx is 1\n"
+    assert report.printed_tail(limit=5) == "is 1\n"
     # The failed notebook still gets its pages, with the traceback visible.
     assert (build / "notebooks" / "b_fail.ipynb").exists()
     assert "boom in the second cell" in (build / "html" / "b_fail.html").read_text()

@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from ddp_lab.tools.notebook_runner import execute_notebook, find_notebooks
+from ddp_lab.tools.solved import exercise_cells
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = find_notebooks(NOTEBOOK_DIR)
@@ -21,14 +22,15 @@ def _params() -> list:
     return [pytest.param(path, id=path.stem) for path in NOTEBOOKS]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # a hang guard, not a speed target (busy cores)
 @pytest.mark.parametrize("notebook", _params())
 def test_notebook_runs_headless(notebook: Path, tmp_path: Path):
     report = execute_notebook(notebook, tmp_path, timeout_per_cell=240)
     assert report.ok, (
         f"{report.describe()}\n"
         f"executed copy: {report.executed_path}\nHTML with the traceback: {report.html_path}\n"
-        f"reproduce: ddp-lab notebooks --pattern {notebook.name}"
+        f"reproduce: ddp-lab notebooks --pattern {notebook.name}\n"
+        f"what the cells printed last:\n{report.printed_tail()}"
     )
     executed = nbformat.read(report.executed_path, as_version=4)
     images = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs
@@ -51,3 +53,21 @@ def test_notebook_is_committed_clean(notebook: Path):
         f"{notebook.name}: code cells {dirty} have outputs or execution counts; clear them "
         f"with `jupyter nbconvert --clear-output --inplace {notebook.name}` before committing"
     )
+
+
+SOLVABLE = [p for p in NOTEBOOKS if exercise_cells(nbformat.read(p, as_version=4))]
+
+
+@pytest.mark.timeout(600)  # a hang guard, not a speed target (busy cores)
+@pytest.mark.parametrize("notebook", [pytest.param(p, id=p.stem) for p in SOLVABLE])
+def test_notebook_passes_every_check_when_solved(notebook: Path, tmp_path: Path):
+    """Solved mode (``ddp-lab notebooks --solved``): each exercise cell holds its reference
+    solution, and no check may say "not solved yet" (the runner fails the notebook)."""
+    report = execute_notebook(notebook, tmp_path, timeout_per_cell=240, solved=True)
+    assert report.ok, (f"{report.describe()}\nHTML with the traceback: {report.html_path}\n"
+                       f"reproduce: ddp-lab notebooks --solved --pattern {notebook.name}\n"
+                       f"what the cells printed last:\n{report.printed_tail()}")
+    executed = nbformat.read(report.executed_path, as_version=4)
+    checks = [c for c in executed.cells if c.cell_type == "code" and "ex.check(" in c.source]
+    passed = [c for c in checks if any(": passed." in o.get("text", "") for o in c.outputs)]
+    assert checks and len(passed) >= len(exercise_cells(executed)), [c.source for c in checks]

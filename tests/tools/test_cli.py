@@ -97,3 +97,37 @@ def test_bench_ddp_ends_with_the_scaling_line(capsys):
     out = capsys.readouterr().out
     assert "ranks  samples/s  speed-up" in out
     assert re.search(r"^scaling 1->2 ranks: \d+\.\d\dx samples/s$", out.strip().splitlines()[-1])
+
+
+def test_bench_network_compares_configured_and_measured(capsys):
+    code = main(["bench", "network", "--bandwidths", "200mbit", "--latency", "1ms",
+                 "--repeats", "1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("Network('200mbit')"))
+    ratio = float(row.split()[5])
+    assert 0.85 < ratio < 1.15, row
+    latency_row = next(line for line in out.splitlines() if "latency='1ms'" in line)
+    assert "refused: latency='1ms' needs the netem qdisc" in latency_row or "1000 us" in latency_row
+    assert out.splitlines()[2].startswith("loopback (network=None)")
+
+
+def test_bench_ddp_network_times_each_lesson_on_its_link(tmp_path, capsys):
+    figure = tmp_path / "net.png"
+    code = main(["bench", "ddp-network", "--batch", "32", "--iterations", "1",
+                 "--overlap-network", "2gbit", "--out", str(figure)])
+    assert code == 0 and figure.stat().st_size > 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.strip().startswith("setting"))
+    columns = header.split()[1:]
+    assert columns[:4] == ["loopback", "overlap", "2gbit", "compression"] \
+        and columns[4].endswith("mbit")  # the compression link: matched to this machine
+    assert "fp16 hook" in out and "PowerSGD hook" in out and "no overlap" in out
+    shaped = next(line for line in out.splitlines() if line.strip().startswith("shaped"))
+    assert all(name in shaped for name in ("buckets", "overlap", "fp16 hook", "PowerSGD hook"))
+
+
+def test_bench_ddp_network_refuses_a_bad_rate_before_any_rank_starts(capsys):
+    assert main(["bench", "ddp-network", "--compression-network", "fast"]) == 2
+    captured = capsys.readouterr()
+    assert "bandwidth='fast' is not understood" in captured.err and captured.out == ""

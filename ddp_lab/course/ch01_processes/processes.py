@@ -1,9 +1,9 @@
-"""Notebook 01, sections 1, 4, 5 and the exercise: ranks, groups and how they line up.
+"""Notebook 01, sections 1, 4 and 5: ranks, groups and how they line up.
 
 A process group is a set of processes that can talk to each other; each member has a
 *rank* (0..world_size-1). Here: the rank and world size a group reports, subgroups, which
-backends this torch really has, ``barrier()`` on a timeline, printing in rank order, and
-the checker for the exercise that builds a barrier from a store. How the ranks find each
+backends this torch really has, ``barrier()`` on a timeline, and printing in rank order
+(the exercises are in ``ddp_lab/exercises/ch01_processes.py``). How the ranks find each
 other in the first place (init methods and their stores) is in ``stores.py``.
 """
 
@@ -14,7 +14,6 @@ import os
 import sys
 import time
 from contextlib import redirect_stdout
-from datetime import timedelta
 
 BACKENDS = ("gloo", "nccl", "mpi")  # the three ProcessGroup implementations in c10d
 
@@ -147,70 +146,3 @@ def write_order(stamped_per_rank) -> list[tuple[int, str]]:
     merged = sorted((t, rank, line) for rank, lines in enumerate(stamped_per_rank)
                     for t, line in lines)
     return [(rank, line) for _, rank, line in merged]
-
-
-# -- exercise: a barrier made of a store --------------------------------------------------
-def store_barrier(store, world_size: int, name: str) -> None:
-    """Reference solution: count arrivals with ``add``; the last to arrive sets a "go" key
-    that everybody waits for. ``name`` makes every barrier's keys its own (reusable)."""
-    if store.add(f"{name}/arrived", 1) == world_size:
-        store.set(f"{name}/go", "1")
-    store.wait([f"{name}/go"])
-
-
-def _barrier_trial(barrier, rounds: int, work_s: tuple, wait_s: float) -> list[tuple]:
-    """Runs on each rank: no process group (so no dist.barrier to lean on), only a store
-    client on the launcher's TCPStore. Each round a different rank arrives last."""
-    import torch.distributed as dist
-    from torch.distributed import PrefixStore, TCPStore
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dist.destroy_process_group()
-    client = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                      is_master=False, timeout=timedelta(seconds=wait_s))
-    store = PrefixStore("exercise", client)  # keys of its own in the launcher's store
-    times = []  # (arrived, left) per round
-    for r in range(rounds):
-        time.sleep(work_s[(rank + r) % world])
-        arrived = time.time()
-        barrier(store, world, f"round{r}")
-        times.append((arrived, time.time()))
-    return times
-
-
-def check_store_barrier(fn, world_sizes=(2, 3, 4), rounds: int = 3, wait_s: float = 10.0) -> str:
-    """The exercise's checker: runs ``fn(store, world_size, name)`` on real ranks, several
-    rounds in a row, and checks that no rank ever left before the last one arrived.
-    ``wait_s`` is the store's timeout: how long a ``store.wait`` may block before it fails."""
-    import ddp_lab
-    for n in world_sizes:
-        work_s = tuple(0.1 * k for k in range(n))
-        try:
-            res = ddp_lab.run(_barrier_trial, world_size=n, args=(fn, rounds, work_s, wait_s),
-                              timeout=30, echo=False)
-        except ddp_lab.DistributedRunError as err:
-            raise AssertionError(
-                f"on {n} ranks your barrier failed: {_root_cause(err)}\nA 'Wait timeout' "
-                "means a rank waited for a key nobody set: does the last rank to arrive "
-                "(add returned world_size) set the key the others wait for?") from err
-        for r in range(rounds):
-            _check_round(n, r, [times[r] for times in res.values])
-    return f"passed: {rounds} barriers in a row on {', '.join(map(str, world_sizes))} ranks"
-
-
-def _root_cause(err) -> str:
-    """The failing rank's exception line (WorkerError), else the error's first line."""
-    lines = [line for line in (getattr(err, "traceback", "") or "").splitlines() if line.strip()]
-    return f"rank {err.rank} raised {lines[-1]}" if lines else str(err).splitlines()[0]
-
-
-def _check_round(n: int, r: int, times: list[tuple[float, float]]) -> None:
-    last = max(range(n), key=lambda k: times[k][0])
-    early = min(range(n), key=lambda k: times[k][1])
-    if times[early][1] >= times[last][0]:
-        return
-    hint = " It failed only from the second barrier on: does each barrier use its own keys?"
-    raise AssertionError(
-        f"on {n} ranks, barrier {r}: rank {early} left "
-        f"{times[last][0] - times[early][1]:.2f} s before rank {last} arrived. A barrier must "
-        "hold every rank until the last one is in: count arrivals with store.add, and wait "
-        "(store.wait) for a key that only the last arrival sets." + (hint if r else ""))

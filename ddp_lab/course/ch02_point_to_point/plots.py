@@ -40,3 +40,22 @@ def _bandwidth_panel(ax, result) -> None:
     ax.axvline(half, color="#8172b2", ls=":", lw=1.5,
                label=f"n½ = α/β ≈ {format_bytes(round(half))}: half the peak")
     log_log_axes(ax, result.sizes, "bandwidth (GB/s, log)", "Bandwidth: size / one-way time")
+
+
+def shaped_ping_pong(loopback, shaped, fit, configured_bytes_per_s: float) -> Figure:
+    """One-way time against size on loopback and on a shaped link, with the alpha-beta fit
+    of the shaped one and the line the configured rate predicts."""
+    fig = Figure(figsize=(7.5, 4), layout="constrained")
+    ax = fig.subplots()
+    for result, label, color in ((loopback, "loopback (network=None)", "#4c72b0"),
+                                 (shaped, "shaped link", "#dd8452")):
+        ax.plot(result.sizes, [t * 1e6 for t in result.latency], "o-", color=color,
+                label=label)
+    big = [s for s in shaped.sizes if s >= 1 << 16]
+    ax.plot(big, [fit.time(s) * 1e6 for s in big], "--", color="#c44e52",
+            label=f"fit: {fit.bandwidth * 8 / 1e6:.0f} Mbit/s")
+    ax.plot(big, [s / configured_bytes_per_s * 1e6 for s in big], ":", color="black",
+            label=f"configured: {configured_bytes_per_s * 8 / 1e6:.0f} Mbit/s")
+    log_log_axes(ax, shaped.sizes, "one-way time (us, log)",
+                 "Ping-pong: loopback against a shaped link")
+    return fig

@@ -4,8 +4,8 @@ One rank sends a tensor, one named rank receives it: blocking ``send``/``recv``,
 non-blocking ``isend``/``irecv`` that return a work object, a token passed around a ring,
 the send-send deadlock with its three fixes, and a ping-pong that measures latency and
 bandwidth against message size. Rank functions need no arguments (``ddp-lab run`` starts
-them as they are); socket_accepts_unread, measure_ping_pong and check_all_gather run in
-the calling process.
+them as they are); socket_accepts_unread and measure_ping_pong run in the calling
+process.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -231,68 +230,3 @@ def measure_ping_pong(config: PingPongConfig = PingPongConfig(), world_size: int
     res = ddp_lab.run(ping_pong, world_size=world_size, args=(config,), timeout=timeout,
                       echo=False)
     return PingPong(res.values[0])
-
-
-def check_all_gather(fn, world_sizes=(2, 3, 4), timeout: float = 10.0) -> str:
-    """The exercise's checker: runs the learner's ``fn(tensor) -> list of tensors`` on real
-    ranks and compares every rank's list with what ``dist.all_gather`` gives there."""
-    for n in world_sizes:
-        res = _run_learner(fn, n, timeout)
-        for rank, (got, expected) in enumerate(res.values):
-            problem = _gather_problem(got, expected)
-            if problem:
-                raise AssertionError(f"with {n} ranks, on rank {rank}: {problem}")
-    return (f"passed on {', '.join(map(str, world_sizes))} ranks: "
-            "the same lists as dist.all_gather")
-
-
-def _run_learner(fn, world_size: int, timeout: float):
-    import ddp_lab
-    try:
-        return ddp_lab.run(_all_gather_exercise, world_size=world_size, args=(fn,),
-                           timeout=timeout, echo=False)
-    except ddp_lab.WorkerTimeout as err:
-        raise AssertionError(
-            f"your function hung on {world_size} ranks (stopped after {timeout:g} s). If "
-            "every rank does a blocking send first, they all wait for a recv nobody "
-            "posted (section 4): post isend and irecv together, or order by rank parity. "
-            "The stacks below show where each rank waited.") from err
-    except ddp_lab.WorkerError as err:
-        raise AssertionError(f"your function failed on rank {err.rank} of {world_size}:\n"
-                             f"{err.traceback}") from None
-
-
-def _all_gather_exercise(fn, numel: int = 5):
-    """On each rank: the learner's function with the all_gather collectives switched off
-    (the point is to build it from send/recv), then the real one for comparison."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mine = torch.arange(numel) + 10 * rank
-    with mock.patch.multiple(dist, all_gather=_refuse, all_gather_into_tensor=_refuse):
-        got = fn(mine.clone())
-    expected = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(expected, mine)
-    return got, expected
-
-
-def _refuse(*args, **kwargs):
-    raise RuntimeError("this exercise builds all_gather out of send/recv (or isend/irecv, "
-                       "batch_isend_irecv): calling dist.all_gather would skip the point")
-
-
-def _gather_problem(got, expected: list) -> str | None:
-    if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-        return (f"expected a list of {len(expected)} tensors, one per rank, "
-                f"got {_describe(got)}")
-    for j, (mine, theirs) in enumerate(zip(got, expected)):
-        if not (isinstance(mine, torch.Tensor) and mine.dtype == theirs.dtype
-                and mine.shape == theirs.shape and torch.equal(mine, theirs)):
-            return f"item [{j}] should be rank {j}'s tensor {theirs}, got {_describe(mine)}"
-    return None
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value} (dtype {value.dtype}, shape {tuple(value.shape)})"
-    if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)}: {value}"
-    return repr(value)

@@ -93,3 +93,61 @@ def all_to_all_via_scatter(numel: int = 2) -> dict:
     for src in range(world):
         dist.scatter(out[src], parts if rank == src else None, src=src)
     return {"equivalent": out, "builtin": all_to_all(numel)["after"]}
+
+
+def reduce_scatter_underneath(numel: int = 1024) -> dict:
+    """What gloo really runs for each reduce-scatter call: the ``gloo:*`` spans that
+    ``torch.profiler`` records on the process group's worker threads. In torch 2.13 gloo
+    has no reduce-scatter algorithm of its own: ``reduce_scatter_tensor`` is one all-reduce
+    of the whole input, ``reduce_scatter`` one all-reduce per chunk, so either moves an
+    all-reduce's bytes, twice a ring reduce-scatter's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ddp_lab.course.trace_events import spans_of
+    world = dist.get_world_size()
+    full, out = torch.ones(world * numel), torch.empty(numel)
+    calls = {"reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(out, full),
+             "reduce_scatter": lambda: dist.reduce_scatter(out, list(full.chunk(world)))}
+    underneath = {}
+    for name, call in calls.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            call()
+        underneath[name] = [s.name for s in spans_of(prof) if s.name.startswith("gloo:")]
+    return underneath
+
+
+def float_sums(numel: int = 10_000) -> dict:
+    """This rank's float32 values (mixed magnitudes) and their all-reduce SUM, to compare in
+    the kernel with sums in other orders: float addition is commutative but not
+    associative, so the order of the additions changes the last bits."""
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    mine = torch.randn(numel, generator=generator) * 10.0 ** torch.randint(
+        -3, 4, (numel,), generator=generator)
+    summed = mine.clone()
+    dist.all_reduce(summed)
+    return {"mine": mine, "all_reduce": summed}
+
+
+def sums_in_orders(per_rank: list[dict]) -> dict:
+    """Left to right over ranks 0..N-1, right to left, and pairwise ((0+1)+(2+3)...), each
+    in float32, next to the all-reduce's result."""
+    values = [r["mine"] for r in per_rank]
+    pairs = values
+    while len(pairs) > 1:
+        pairs = [pairs[k] + pairs[k + 1] if k + 1 < len(pairs) else pairs[k]
+                 for k in range(0, len(pairs), 2)]
+    forward, backward = values[0].clone(), values[-1].clone()
+    for v in values[1:]:
+        forward += v
+    for v in values[-2::-1]:
+        backward += v
+    return {"ranks 0..N-1": forward, "ranks N-1..0": backward, "pairwise": pairs[0],
+            "all_reduce": per_rank[0]["all_reduce"]}
+
+
+def rounding_bound(per_rank: list[dict]) -> torch.Tensor:
+    """Per element, how far two float32 sums of the same N values in different orders may
+    lie apart: each of the N-1 additions rounds by at most half an ulp of a partial sum,
+    itself at most the sum of the magnitudes, so N * eps * sum(|x|) bounds them both."""
+    magnitudes = torch.stack([r["mine"].abs() for r in per_rank]).sum(0)
+    return len(per_rank) * torch.finfo(torch.float32).eps * magnitudes

@@ -10,7 +10,6 @@ sends so the notebook can compare them with the prediction. The timing sweep liv
 
 from __future__ import annotations
 
-from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -42,15 +41,21 @@ class Link:
             dist.recv(tensor, self._peer(src), group=self.group)
 
     def exchange(self, outgoing: torch.Tensor, dst: int, incoming: torch.Tensor, src: int):
-        """Send and receive at once (isend + irecv, then wait): no send-send deadlock, and
-        the two directions of the link overlap instead of taking turns."""
-        requests = []
+        """Send and receive at once with ``dist.batch_isend_irecv``, then wait: no
+        send-send deadlock, and the two directions of the link overlap instead of taking
+        turns. On NCCL the batch is one ``ncclGroupStart/End`` group, so the send and the
+        recv are posted together; a separate ``isend`` then ``irecv`` on both of 2 ranks
+        can leave each rank's send waiting for a recv that is queued behind it, a deadlock
+        (NCCL's maintainers: https://github.com/NVIDIA/nccl/issues/479). Gloo has no
+        coalescing: there the batch is the same isend and irecv, posted before either is
+        waited on."""
+        ops = []
         if outgoing.numel():
-            requests.append(dist.isend(outgoing, self._peer(dst), group=self.group))
+            ops.append(dist.P2POp(dist.isend, outgoing, group=self.group, group_peer=dst))
             self.bytes_sent += outgoing.numel() * outgoing.element_size()
         if incoming.numel():
-            requests.append(dist.irecv(incoming, self._peer(src), group=self.group))
-        for request in requests:
+            ops.append(dist.P2POp(dist.irecv, incoming, group=self.group, group_peer=src))
+        for request in dist.batch_isend_irecv(ops) if ops else []:
             request.wait()
 
 
@@ -224,51 +229,3 @@ def ring_trace(chunk: int = 2) -> list:
     ring_all_reduce(tensor, on_step=lambda phase, step, flat: steps.append(
         (phase, step, flat.clone())))
     return steps
-
-
-# --- the exercise: reduce-scatter from send/recv ----------------------------------------------
-
-def check_reduce_scatter(fn, world_sizes=(1, 2, 3, 4), timeout: float = 15.0) -> str:
-    """Runs the learner's ``fn(tensor) -> chunk`` (the sum over ranks of this rank's chunk,
-    ``tensor`` holding world_size equal chunks) on real ranks and compares it with
-    ``dist.reduce_scatter_tensor`` (gloo has it since PyTorch 2.x; older gloo builds fall
-    back to the all-reduced tensor's chunk, which is the same thing)."""
-    import ddp_lab
-    for n in world_sizes:
-        try:
-            res = ddp_lab.run(_reduce_scatter_exercise, world_size=n, args=(fn,),
-                              timeout=timeout, echo=False)
-        except ddp_lab.WorkerTimeout as err:
-            raise AssertionError(f"your function hung on {n} ranks: a blocking send on "
-                                 "every rank waits forever; use link-style isend + irecv "
-                                 "then wait (see Link.exchange)") from err
-        except ddp_lab.WorkerError as err:
-            raise AssertionError(f"your function failed on rank {err.rank} of {n}:\n"
-                                 f"{err.traceback}") from None
-        for rank, (got, expected) in enumerate(res.values):
-            if not (isinstance(got, torch.Tensor) and got.shape == expected.shape
-                    and torch.equal(got, expected)):
-                raise AssertionError(f"with {n} ranks, rank {rank} should return the sum of "
-                                     f"chunk {rank} over all ranks, {expected}, got {got}")
-    return f"passed on {', '.join(map(str, world_sizes))} ranks: same as reduce_scatter_tensor"
-
-
-def _reduce_scatter_exercise(fn, chunk: int = 3):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    tensor = torch.arange(chunk * world, dtype=torch.int64) * (rank + 1)
-    with mock.patch.multiple(dist, all_reduce=_refuse, reduce_scatter=_refuse,
-                             reduce_scatter_tensor=_refuse):
-        got = fn(tensor.clone())
-    expected = torch.empty(chunk, dtype=tensor.dtype)
-    try:
-        dist.reduce_scatter_tensor(expected, tensor)
-    except (RuntimeError, ValueError):  # older gloo: "does not support reduce_scatter"
-        total = tensor.clone()
-        dist.all_reduce(total)
-        expected = total.chunk(world)[rank].clone()
-    return got, expected
-
-
-def _refuse(*args, **kwargs):
-    raise RuntimeError("this exercise builds reduce-scatter from send/recv/isend/irecv: "
-                       "calling the collective would skip the point")

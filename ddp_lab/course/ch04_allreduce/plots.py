@@ -118,3 +118,22 @@ def threads_effect(one, many, world: int, size: int) -> Figure:
     ax.set_title(f"{world} ranks on this machine, {format_bytes(size)}: threads per rank")
     ax.legend(fontsize=8)
     return fig
+
+
+def link_share_bars(shares: dict, predicted, bandwidth: str) -> Figure:
+    """busbw / link rate per algorithm (bars, measured on shaped links) and what the
+    busiest link predicts (black ticks), one panel per world size."""
+    worlds = sorted(shares)
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    for ax, n in zip(fig.subplots(1, len(worlds), sharey=True, squeeze=False)[0], worlds):
+        names = list(shares[n])
+        ax.bar(range(len(names)), [shares[n][a] for a in names],
+               color=[COLORS.get(a, "#999999") for a in names])
+        for i, a in enumerate(names):
+            if predicted(a, n) is not None:
+                ax.plot([i - 0.4, i + 0.4], [predicted(a, n)] * 2, color="black", lw=2)
+        ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+        ax.axhline(1.0, color="#999999", ls=":", lw=1)
+        ax.set_title(f"{n} ranks, links of {bandwidth}")
+    fig.axes[0].set_ylabel("busbw / link rate (black: predicted)")
+    return fig

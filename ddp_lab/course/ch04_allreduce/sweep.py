@@ -1,11 +1,13 @@
 """Notebook 04's bandwidth lab: all-reduce time against message size and world size.
 
 Every algorithm of ``allreduce`` and gloo's own ``dist.all_reduce`` is timed the way
-nccl-tests does it: warm-up calls first, a barrier before every timed call, the slowest
-rank's time as the collective's time, the fastest of a few repeats as the estimate (noise
-on shared cores only ever adds time). algbw = size / time; busbw = algbw * 2(N-1)/N, the
-bandwidth each link needed, comparable across N. A latency-bandwidth (alpha-beta) model
-t = alpha + beta * size is fitted to each curve.
+nccl-tests times a collective (https://github.com/NVIDIA/nccl-tests, src/common.cu): warm-up
+calls first, a barrier, then ``repeats`` calls back to back and the mean time per call,
+averaged over the ranks (nccl-tests' default ``-a 1``). One deviation, for shared cores:
+nccl-tests times one such burst per size, we time ``bursts`` of them and keep the fastest
+(noise from other work only ever adds time). algbw = size / time; busbw = algbw *
+2(N-1)/N, the bandwidth each link needed, comparable across N. A latency-bandwidth
+(alpha-beta) model t = alpha + beta * size is fitted to each curve.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ from ddp_lab.course.units import MiB
 @dataclass(frozen=True)
 class SweepConfig:
     """Sizes in bytes of float32 tensors (1 KiB to 64 MiB by default), the algorithms to
-    time ("gloo" is the built-in), repeats per size, and OpenMP threads per rank: 1 keeps
-    N ranks from fighting over 2 cores; more oversubscribes them on purpose."""
+    time ("gloo" is the built-in), back-to-back calls per timed burst (nccl-tests' ``-n``),
+    timed bursts per size, warm-up calls (nccl-tests' ``-w``), and OpenMP threads per
+    rank: 1 keeps N ranks from fighting over 2 cores; more oversubscribes them on purpose."""
 
     sizes: tuple[int, ...] = tuple(1024 * 4 ** k for k in range(9))
     algorithms: tuple[str, ...] = ("reduce_broadcast", "whole_ring", "ring",
                                    "halving_doubling", "gloo")
     repeats: int = 20
     large_repeats: int = 5   # sizes from 4 MiB up: each call takes long enough
+    bursts: int = 3
     warmup: int = 2
     threads: int = 1
 
@@ -47,7 +51,8 @@ def _fits(name: str, world: int) -> bool:
 
 def time_sweep(config: SweepConfig = SweepConfig()) -> dict:
     """On each rank: time every (algorithm, size); returns {"seconds": {algo: {size:
-    [slowest rank's time per repeat]}}, "bytes": {algo: {size: [bytes sent per rank]}}}."""
+    [mean time per call of each burst, averaged over ranks]}}, "bytes": {algo: {size:
+    [bytes sent per call, per rank]}}}."""
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
@@ -62,28 +67,39 @@ def time_sweep(config: SweepConfig = SweepConfig()) -> dict:
 
 
 def _time_size(names: list, size: int, config: SweepConfig) -> dict:
-    """Repeats go round the algorithms in turn, so a burst of load from elsewhere on the
-    machine slows one repeat of each rather than every repeat of one."""
+    """Bursts go round the algorithms in turn, so a burst of load from elsewhere on the
+    machine slows one burst of each rather than every burst of one."""
     tensor = torch.zeros(size // 4, dtype=torch.float32)
     for name in names:
         for _ in range(config.warmup):
             ALGORITHMS.get(name, _builtin)(tensor)
+    calls = config.large_repeats if size >= 4 * MiB else config.repeats
     times, links = {n: [] for n in names}, {n: Link() for n in names}
-    for _ in range(config.large_repeats if size >= 4 * MiB else config.repeats):
+    for _ in range(config.bursts):
         for name in names:
-            dist.barrier()
-            start = time.perf_counter()
-            ALGORITHMS.get(name, _builtin)(tensor, link=links[name])
-            times[name].append(time.perf_counter() - start)
-    return {(n, size): (times[n], links[n].bytes_sent // len(times[n])) for n in names}
+            times[name].append(_burst(ALGORITHMS.get(name, _builtin), tensor, links[name], calls))
+    return {(n, size): (times[n], links[n].bytes_sent // (calls * config.bursts)) for n in names}
+
+
+def _burst(algorithm, tensor: torch.Tensor, link: Link, calls: int) -> float:
+    """nccl-tests' timed loop: a barrier so all ranks start together, ``calls`` calls back
+    to back (each may start as soon as this rank is done with the last one, as in training),
+    the mean per call."""
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        algorithm(tensor, link=link)
+    return (time.perf_counter() - start) / calls
 
 
 def _combine(mine: dict, names: list, sizes) -> dict:
-    """The collective ends when its slowest rank does: take the max over ranks per repeat,
-    and gather every rank's byte count (outside the timed region)."""
+    """Average each burst's time per call over the ranks (nccl-tests' default, ``-a 1``;
+    after a burst of back-to-back collectives the ranks' times differ by little), and
+    gather every rank's byte count (outside the timed region)."""
     keys = list(mine)
     flat = torch.tensor([t for k in keys for t in mine[k][0]], dtype=torch.float64)
-    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
     counts = [None] * dist.get_world_size()
     dist.all_gather_object(counts, [mine[k][1] for k in keys])
     seconds, sent, i = {a: {} for a in names}, {a: {} for a in names}, 0

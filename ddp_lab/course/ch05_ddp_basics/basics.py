@@ -103,6 +103,19 @@ def buffers_in_forward(steps: int = 3) -> dict:
     return seen
 
 
+def sync_batchnorm_on_this_device() -> str:
+    """One training forward of ``convert_sync_batchnorm(toy_with_buffers())`` on this rank's
+    device: "ok" where SyncBatchNorm runs (GPUs), else the error it raises. In torch 2.13
+    ``SyncBatchNorm.forward`` (torch/nn/modules/batchnorm.py) refuses CPU tensors whenever
+    a process group is initialized and the module is training."""
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(toy_with_buffers()).to(rank_device())
+    try:
+        model(torch.randn(8, 10, device=rank_device())).sum().backward()
+        return "ok"
+    except ValueError as err:
+        return f"ValueError: {err}"
+
+
 def buffer_facts(per_rank: list[dict]) -> list[dict]:
     """Per forward of buffers_in_forward: were the running means identical on every rank on
     entry, equal to rank 0's from the forward before, and identical on exit?"""

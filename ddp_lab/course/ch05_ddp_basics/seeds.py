@@ -14,9 +14,11 @@ it in DDP, draw a dropout mask, and pick a random batch of sample indices.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.course.params import device_ids, flat_params
@@ -92,3 +94,24 @@ def table(summary: dict) -> str:
     lines += [q.ljust(width) + "".join(f"{('yes' if summary[p][q] else 'no'):>18}"
                                        for p in summary) for q in questions]
     return "\n".join(lines)
+
+
+class NumpyDraws(Dataset):
+    """Each item is one draw of NumPy's global generator, in whichever process loads it."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> float:
+        return float(np.random.rand())
+
+
+def numpy_in_workers(seed: int = 0, workers: int = 2) -> list[float]:
+    """This rank's NumPy draws from ``workers`` DataLoader workers, one item each, without a
+    ``worker_init_fn``. Since torch 1.9 each worker seeds NumPy from its own base seed and
+    worker id (``_worker_loop`` and ``_generate_state`` in torch/utils/data/_utils/worker.py),
+    and the base seed comes from the loader's generator: seeded per rank here, so the draws
+    differ between workers and ranks and repeat from run to run."""
+    generator = torch.Generator().manual_seed(seed + dist.get_rank())
+    loader = DataLoader(NumpyDraws(), batch_size=1, num_workers=workers, generator=generator)
+    return [batch.item() for batch in loader]

@@ -89,39 +89,3 @@ def scaling_table(results: dict) -> list[dict]:
              "efficiency": r["samples_per_s"] / base / n,
              "sync_share": 1 - r["compute_s"] / r["step_s"]}
             for n, r in sorted(results.items())]
-
-
-# --- exercise -----------------------------------------------------------------------------
-
-def global_throughput(samples: int, seconds: float) -> float:
-    """Reference: the job's samples/s = all ranks' samples / the slowest rank's time."""
-    total = torch.tensor([float(samples)], dtype=torch.float64)
-    slowest = torch.tensor([float(seconds)], dtype=torch.float64)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return total.item() / slowest.item()
-
-
-def _exercise_inputs(rank: int) -> tuple[int, float]:
-    return 100 * (rank + 1), 2.0 + rank * 0.5
-
-
-def _run_candidate(fn) -> tuple[float, float]:
-    samples, seconds = _exercise_inputs(dist.get_rank())
-    return float(fn(samples, seconds)), global_throughput(samples, seconds)
-
-
-def check_global_throughput(fn, world_size: int = 3) -> str:
-    """Run the learner's ``fn(samples, seconds)`` on ranks that processed different numbers
-    of samples in different times; every rank must return the job's samples/s."""
-    import ddp_lab
-
-    res = ddp_lab.run(_run_candidate, world_size=world_size, args=(fn,), echo=False)
-    for rank, (got, expected) in enumerate(res.values):
-        if abs(got - expected) > 1e-6 * expected:
-            samples, seconds = _exercise_inputs(rank)
-            raise AssertionError(
-                f"rank {rank} (samples={samples}, seconds={seconds}) returned {got:.2f}, "
-                f"expected {expected:.2f}: sum the samples of all ranks and divide by the "
-                "slowest rank's time (all_reduce with SUM and with MAX).")
-    return f"correct on {world_size} ranks: {res.values[0][1]:.1f} samples/s"

@@ -15,7 +15,6 @@ step by step, so a burst of load from elsewhere hits all of them alike.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
 from ddp_lab.course.ch07_inside_ddp.overlap import TIMELINE_MODEL, all_reduce_after_backward
+from ddp_lab.course.timing import time_in_turns
 
 DEFAULT_CAP = None  # DDP's default: 25 MB buckets after a first one of 1 MiB
 
@@ -64,16 +64,6 @@ def _all_reduce_only(config: SweepConfig):
     return lambda: dist.all_reduce(flat)
 
 
-def slowest_rank_seconds(step) -> float:
-    """Run ``step`` once on every rank, started together; the slowest rank's seconds."""
-    dist.barrier()
-    start = time.perf_counter()
-    step()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return elapsed.item()
-
-
 def time_buckets(config: SweepConfig = SweepConfig()) -> dict:
     """On each rank: {"ms": {name: median ms}, "times": {name: [s per step]}, "buckets":
     {cap: number of buckets after the rebuild}}. Names: each cap (None: the default), then
@@ -86,12 +76,7 @@ def time_buckets(config: SweepConfig = SweepConfig()) -> dict:
     steps["no overlap"] = _manual_step(config, x, communicate=True)
     steps["backward only"] = _manual_step(config, x, communicate=False)
     steps["all-reduce only"] = _all_reduce_only(config)
-    times = {name: [] for name in steps}
-    for round_ in range(config.warmup + config.iterations):
-        for name, step in steps.items():
-            seconds = slowest_rank_seconds(step)
-            if round_ >= config.warmup:
-                times[name].append(seconds)
+    times = time_in_turns(steps, config.warmup, config.iterations)
     return {"ms": {n: statistics.median(t) * 1e3 for n, t in times.items()}, "times": times,
             "buckets": {cap: _bucket_count(m) for cap, m in models.items()},
             "caps": list(config.caps), "world_size": dist.get_world_size(),

@@ -8,6 +8,13 @@ of all the gradients, one model size more memory. With ``gradient_as_bucket_view
 each ``.grad`` IS a view into its bucket's buffer, so autograd writes the gradients
 straight into the buckets and the second copy disappears.
 
+``zero_grad()`` of modules and optimizers defaults to ``set_to_none=True`` since torch 2.0
+(``torch/optim/optimizer.py``, ``Optimizer.zero_grad``): ``.grad`` becomes None after every
+step, so the next backward's AccumulateGrad allocates a fresh gradient that is NOT a bucket
+view, and the Reducer copies it into the bucket and points ``.grad`` back at the bucket
+(``mark_variable_ready_dense`` in ``torch/csrc/distributed/c10d/reducer.cpp``): a copy and
+a transient allocation per parameter per step. Both settings are measured here.
+
 Measured in a fresh rank per configuration (each ``ddp_lab.run`` starts new processes):
 the process's resident memory (RSS) once the model exists, then its peak while training.
 On Linux the peak is reset after the warm-up steps (``/proc/self/clear_refs``), so it
@@ -57,18 +64,23 @@ def _peak() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
-SETUPS = {"no DDP": None, "DDP": False, "DDP, gradient_as_bucket_view": True}
+# setup -> (gradient_as_bucket_view, or None for no DDP; zero_grad's set_to_none)
+SETUPS = {"no DDP": (None, False), "DDP": (False, False),
+          "DDP, gradient_as_bucket_view": (True, False),
+          "no DDP, set_to_none": (None, True), "DDP, set_to_none": (False, True),
+          "DDP, bucket view, set_to_none": (True, True)}
 
 
 def training_memory(setup: str, config: MLPConfig = MEMORY_MODEL, warmup: int = 2,
                     steps: int = 2, batch: int = 8) -> dict:
     """On each (fresh) rank: MiB of parameters, and the RSS above the model's own memory at
     its peak during ``steps`` training steps and after them. ``setup`` is a key of SETUPS:
-    the plain model (same steps, no communication), DDP, or DDP with bucket views."""
-    _train_briefly(SETUPS[setup])
+    the plain model (same steps, no communication), DDP, or DDP with bucket views, with
+    ``zero_grad(set_to_none=False)`` (keep ``.grad``) or ``True`` (torch's default)."""
+    view, set_to_none = SETUPS[setup]
+    _train_briefly(view)
     model = make_mlp(config)
     model_rss = _rss()
-    view = SETUPS[setup]
     ddp = model if view is None else DDP(model, gradient_as_bucket_view=view)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
     x = torch.randn(batch, config.inputs)
@@ -77,7 +89,7 @@ def training_memory(setup: str, config: MLPConfig = MEMORY_MODEL, warmup: int = 
             steady = _reset_peak()
         ddp(x).square().mean().backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=False)  # keep .grad alive, as training loops do
+        optimizer.zero_grad(set_to_none=set_to_none)
     return {"setup": setup, "params_mib": config.parameters * 4 / MiB,
             "peak_mib": (_peak() - model_rss) / MiB, "after_mib": (_rss() - model_rss) / MiB,
             "steady_peak": steady}
@@ -100,22 +112,27 @@ def _record_buffers(buffers: list, bucket):
     return default_hooks.allreduce_hook(None, bucket)
 
 
-def gradient_addresses(view: bool, config: MLPConfig = MLPConfig(), iterations: int = 2) -> dict:
+def gradient_addresses(view: bool, config: MLPConfig = MLPConfig(), iterations: int = 2,
+                       set_to_none: bool = False) -> dict:
     """On each rank: for every parameter, whether its ``.grad`` lies inside a bucket
-    buffer after ``iterations`` steps, and at which byte offset (None: outside)."""
+    buffer after ``iterations`` steps, and at which byte offset (None: outside), with
+    ``zero_grad(set_to_none=...)`` between the steps."""
     model = make_mlp(config)
     ddp = DDP(model, gradient_as_bucket_view=view, bucket_cap_mb=0.05)
     buffers: list = []
     ddp.register_comm_hook(buffers, _record_buffers)
     for _ in range(iterations):
+        ddp.zero_grad(set_to_none=set_to_none)
         buffers.clear()
         ddp(torch.randn(4, config.inputs)).sum().backward()
     return {name: _offset_in(p.grad.data_ptr(), buffers) for name, p in model.named_parameters()}
 
 
 def where_gradients_live() -> dict:
-    """``gradient_addresses`` without and with bucket views, in one launch."""
-    return {view: gradient_addresses(view) for view in (False, True)}
+    """``gradient_addresses`` without and with bucket views (``zero_grad(set_to_none=
+    False)``), and with views after ``set_to_none=True``, in one launch."""
+    return {False: gradient_addresses(False), True: gradient_addresses(True),
+            "view, set_to_none": gradient_addresses(True, set_to_none=True)}
 
 
 def _offset_in(address: int, buffers: list):

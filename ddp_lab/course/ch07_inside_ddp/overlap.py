@@ -7,8 +7,11 @@ late layers' gradients while autograd still computes the early layers'. Without 
 obvious way is to wait for the whole backward, then all-reduce: nothing overlaps.
 
 ``step_timeline`` records training steps both ways on every rank: per layer, when its
-backward started and ended (``LayerClock``); per bucket, when the Reducer handed
-it over and when its all-reduce completed (``BucketRecorder``).
+backward started and ended (``LayerClock``); per bucket, when the Reducer handed it over
+(``BucketRecorder``), and when gloo really ran its all-reduce: the ``gloo:all_reduce``
+span that ``torch.profiler`` records on the process group's worker thread. ProcessGroupGloo
+runs its work queue on 2 threads by default (``ProcessGroupGloo::Options::threads``), so two
+buckets can be on the wire at once.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile
 
 from ddp_lab.course.ch07_inside_ddp.workload import BucketRecorder, MLPConfig, make_mlp
+from ddp_lab.course.trace_events import collective_spans, most_in_flight, spans_of
 
 TIMELINE_MODEL = MLPConfig(inputs=1024, width=1024, depth=6, outputs=1024)
 
@@ -81,10 +86,10 @@ def _ddp_stepper(config: MLPConfig, cap_mb):
         loss = ddp(x).square().mean()
         forward_end = time.time()
         loss.backward()  # returns once DDP has waited for every bucket
-        comm = [(f"bucket {r['index']}", r["ready"], r["done"])
-                for r in recorder.of_iteration(iteration)]
+        handed = sorted(recorder.of_iteration(iteration), key=lambda r: r["index"])
         return {"compute": [("forward", start, forward_end)] + clock.as_spans(),
-                "comm": comm, "step": (start, time.time())}
+                "comm": [(f"bucket {r['index']}", r["ready"], r["done"]) for r in handed],
+                "step": (start, time.time())}
     return step
 
 
@@ -110,6 +115,8 @@ def step_timeline(config: MLPConfig = TIMELINE_MODEL, cap_mb=4, batch: int = 64,
                   warmup: int = 2, repeats: int = 3) -> dict:
     """On each rank: one step's spans ``(label, start, end)`` (time.time()), for DDP with
     ``bucket_cap_mb=cap_mb`` ("ddp") and for all-reduce after backward ("no_overlap").
+    Each step's "comm" spans are gloo's real runs of its all-reduces, "handed" the times
+    the work was handed to the process group, "threads" which gloo thread ran each.
 
     The two take turns for ``warmup`` steps (which also rebuild DDP's buckets), then
     ``repeats`` more; of those, each keeps its median step (by the slowest rank's
@@ -119,13 +126,35 @@ def step_timeline(config: MLPConfig = TIMELINE_MODEL, cap_mb=4, batch: int = 64,
     x = torch.randn(batch, config.inputs)
     steppers = {"ddp": _ddp_stepper(config, cap_mb), "no_overlap": _manual_stepper(config)}
     kept = {key: [] for key in steppers}
-    for iteration in range(warmup + repeats):
-        for key, step in steppers.items():
-            dist.barrier()
-            spans = step(x, iteration)
-            if iteration >= warmup:
-                kept[key].append(spans)
-    return {key: _median_step(steps) for key, steps in kept.items()}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for iteration in range(warmup + repeats):
+            for key, step in steppers.items():
+                dist.barrier()
+                spans = step(x, iteration)
+                if iteration >= warmup:
+                    kept[key].append(spans)
+    trace = collective_spans(spans_of(prof))
+    chosen = {key: _with_real_runs(_median_step(steps), trace) for key, steps in kept.items()}
+    chosen["gloo_threads"] = dist.group.WORLD._get_backend(torch.device("cpu")).options._threads
+    return chosen
+
+
+def _with_real_runs(step: dict, trace: list) -> dict:
+    """Replace each all-reduce's (handed over, done) by gloo's real run of it. Work leaves
+    the queue in the order it was handed over, so the k-th run that started during the
+    step belongs to the k-th bucket."""
+    runs = collective_spans(trace, within=step["step"])
+    if len(runs) != len(step["comm"]):
+        raise RuntimeError(f"the profiler saw {len(runs)} gloo all-reduces in a step that "
+                           f"handed over {len(step['comm'])}; is something else all-reducing?")
+    return {**step, "handed": [handed for _, handed, _ in step["comm"]],
+            "comm": [(label, run.start, run.end) for (label, _, _), run in zip(step["comm"], runs)],
+            "threads": [run.thread for run in runs]}
+
+
+def in_flight(step: dict) -> int:
+    """The most all-reduces that gloo was running at one moment during the step."""
+    return most_in_flight([(start, end) for _, start, end in step["comm"]])
 
 
 def _median_step(steps: list[dict]) -> dict:
@@ -135,8 +164,8 @@ def _median_step(steps: list[dict]) -> dict:
 
 
 def overlap_fraction(step: dict) -> float:
-    """Share of the buckets' time in flight (handed over -> all-reduce done) that lay
-    before the end of backward: how much communication backward could hide."""
+    """Share of the buckets' time on the wire (gloo's real run of each all-reduce) that lay
+    before the end of backward: how much communication backward hid."""
     compute = [(s, e) for label, s, e in step["compute"] if label != "forward"]
     backward_end = max(e for _, e in compute)
     comm = [(s, e) for _, s, e in step["comm"]]
@@ -148,6 +177,7 @@ def overlap_fraction(step: dict) -> float:
 def overlap_summary() -> dict:
     """``ddp-lab run overlap``: this rank's step time and hidden share of communication,
     with DDP and with all-reduce after backward."""
+    timeline = step_timeline()
     return {key: {"ms": round(1e3 * (s["step"][1] - s["step"][0]), 1),
-                  "overlap": round(overlap_fraction(s), 2)}
-            for key, s in step_timeline().items()}
+                  "overlap": round(overlap_fraction(s), 2), "in_flight": in_flight(s)}
+            for key, s in ((k, timeline[k]) for k in ("ddp", "no_overlap"))}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib
 from matplotlib.figure import Figure
 
-from ddp_lab.course.timeline import PALETTE
+from ddp_lab.course.timeline import PALETTE, rank_timeline
 
 BUCKET_COLORS = matplotlib.colormaps["tab10"].colors
 COMPUTE, FORWARD = "#8fb3d9", "#c9c9c9"
@@ -91,8 +91,9 @@ def sweep_curve(result: dict) -> Figure:
 
 def overlap_timeline(timelines: list[dict]) -> Figure:
     """Per rank two lanes, compute (forward, then backward layer by layer) and
-    communication (all-reduce of each bucket, from handed over to completed), for DDP
-    (top) and for all-reduce after backward (bottom), on one time axis per panel."""
+    communication (gloo's real run of each all-reduce, recorded by the profiler on the
+    worker thread that ran it: one half-lane per thread), for DDP (top) and for all-reduce
+    after backward (bottom), on one time axis per panel."""
     fig = Figure(figsize=(10, 2.0 + 1.1 * len(timelines) * 2), layout="constrained")
     axes = fig.subplots(2, 1, sharex=True)
     titles = {"ddp": "DDP: each bucket is all-reduced as soon as its gradients are ready",
@@ -101,8 +102,8 @@ def overlap_timeline(timelines: list[dict]) -> Figure:
         steps = [t[key] for t in timelines]
         origin = min(s["step"][0] for s in steps)
         for rank, step in enumerate(steps):
-            _lane(ax, 2 * rank, step["compute"], origin, compute=True)
-            _lane(ax, 2 * rank + 1, step["comm"], origin, compute=False)
+            _compute_lane(ax, 2 * rank, step["compute"], origin)
+            _comm_lane(ax, 2 * rank + 1, step, origin)
             ax.plot([(step["step"][1] - origin) * 1e3] * 2, [2 * rank - 0.4, 2 * rank + 1.4],
                     color="black", linewidth=1.5)
         ax.set_yticks(range(2 * len(steps)), [f"rank {r} {lane}" for r in range(len(steps))
@@ -110,28 +111,35 @@ def overlap_timeline(timelines: list[dict]) -> Figure:
         ax.set_ylim(2 * len(steps) - 0.5, -0.5)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-    axes[-1].set_xlabel("ms since the step started (▼ bucket handed over, black line: step done)")
+    axes[-1].set_xlabel("ms since the step started (▼ handed over; bars: gloo running it, "
+                        "a half-lane per gloo thread; black line: step done)")
     return fig
 
 
-def _lane(ax, y, spans, origin, compute: bool) -> None:
-    """Compute spans as they are. An all-reduce runs once the previous one is done (the
-    process group works through them in order): its bar starts there, and a small
-    triangle marks when the Reducer handed the bucket over."""
-    busy_until = float("-inf")
+def _compute_lane(ax, y, spans, origin) -> None:
     for k, (label, start, end) in enumerate(spans):
-        if compute:
-            color = FORWARD if label == "forward" else (COMPUTE if k % 2 else "#5b8cc2")
-        else:
-            color = PALETTE[1] if k % 2 == 0 else "#f0b27a"
-            ax.plot((start - origin) * 1e3, y - 0.42, "v", color=color, markersize=5)
-            start, busy_until = max(start, busy_until), end
-        left, width = (start - origin) * 1e3, (end - start) * 1e3
-        ax.barh(y, width, left=left, height=0.7, color=color, edgecolor="white", linewidth=0.5)
-        short = label.replace("backward ", "").replace("bucket ", "b")
-        if width > 2.5:
-            ax.text(left + width / 2, y, short, ha="center", va="center", fontsize=7)
+        color = FORWARD if label == "forward" else (COMPUTE if k % 2 else "#5b8cc2")
+        _bar(ax, y, label, start, end, origin, color, height=0.7)
 
+
+def _comm_lane(ax, y, step: dict, origin) -> None:
+    """Each all-reduce as gloo really ran it, in the half-lane of the worker thread that
+    ran it, and a triangle where the Reducer handed the bucket over."""
+    threads = sorted(set(step["threads"]))
+    for k, ((label, start, end), handed, thread) in enumerate(
+            zip(step["comm"], step["handed"], step["threads"])):
+        color = PALETTE[1] if k % 2 == 0 else "#f0b27a"
+        half = y - 0.18 + 0.36 * threads.index(thread) if len(threads) > 1 else y
+        ax.plot((handed - origin) * 1e3, y - 0.42, "v", color=color, markersize=5)
+        _bar(ax, half, label, start, end, origin, color, height=0.7 / len(threads))
+
+
+def _bar(ax, y, label, start, end, origin, color, height) -> None:
+    left, width = (start - origin) * 1e3, (end - start) * 1e3
+    ax.barh(y, width, left=left, height=height, color=color, edgecolor="white", linewidth=0.5)
+    short = label.replace("backward ", "").replace("bucket ", "b")
+    if width > 2.5:
+        ax.text(left + width / 2, y, short, ha="center", va="center", fontsize=7)
 
 
 def hook_curves(results: dict) -> Figure:
@@ -182,7 +190,7 @@ def memory_bars(results: list[dict]) -> Figure:
     """Peak and final RSS above the model itself, per setup, against multiples of the
     parameters' size."""
     params = results[0]["params_mib"]
-    fig = Figure(figsize=(9, 3.4), layout="constrained")
+    fig = Figure(figsize=(9, 1.4 + 0.6 * len(results)), layout="constrained")
     ax = fig.subplots()
     for y, r in enumerate(results):
         ax.barh(y - 0.18, r["peak_mib"], height=0.34, color=PALETTE[0],
@@ -215,3 +223,34 @@ def option_bars(costs: dict) -> Figure:
     ax.set_xlim(0, max(costs.values()) * 1.3)
     ax.set_xlabel("median ms per step (slowest rank)")
     return fig
+
+
+def network_bars(results: dict) -> Figure:
+    """Step time of each setting (``network_costs.compare``), one panel per lesson: its
+    settings on loopback against the same settings on the lesson's link."""
+    lessons = [name for name in results if name != "loopback"]
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    for ax, lesson in zip(fig.subplots(1, len(lessons)), lessons):
+        shaped = results[lesson]
+        settings = list(shaped["ms"])
+        for k, (name, color) in enumerate((("loopback", "#8fb3d9"), (lesson, "#dd8452"))):
+            xs = [i + (k - 0.5) * 0.4 for i in range(len(settings))]
+            label = ("loopback (network=None)" if name == "loopback"
+                     else f"links of {shaped['bandwidth']}")
+            ax.bar(xs, [results[name]["ms"][s] for s in settings], 0.4, color=color,
+                   label=label)
+        labels = [s if isinstance(s, str) else _cap_text(s).split(" (")[0] for s in settings]
+        ax.set_xticks(range(len(settings)), labels, rotation=20, fontsize=8, ha="right")
+        ax.set_ylabel("ms per step (fastest step, slowest rank)")
+        ax.set_title(f"{lesson}: loopback hides what the link shows", fontsize=10)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def capstone_timeline(per_rank: list[dict], title: str) -> Figure:
+    """The step's phases per rank, with a tick where each all-reduce was issued
+    (``capstone.step_timeline``): ticks inside the backward bar are the overlap."""
+    tick = 2e-4  # s: wide enough to see, narrow enough not to hide its neighbours
+    spans = [result["spans"] + [("all-reduce issued", t, t + tick) for t in result["issued"]]
+             for result in per_rank]
+    return rank_timeline(spans, title=title, colors={"all-reduce issued": "black"})

@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.bucket_sweep import slowest_rank_seconds
 from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.timing import slowest_rank_seconds
 
 # Many small layers: the graph walk grows with the number of autograd nodes.
 DEEP_MODEL = MLPConfig(inputs=32, width=32, depth=48, outputs=1)

@@ -82,12 +82,17 @@ def error_line(err) -> str:
     return errors[-1] if errors else err.traceback.strip().splitlines()[-1]
 
 
-def ddp_under_detail() -> bool:
-    """Build a DDP model while DETAIL checks are on (see the notebook: torch 2.13 on CPU
-    crashes here)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    DDP(torch.nn.Linear(10, 1))
-    return True
+def ddp_under_torchrun(level: str = "DETAIL", nproc: int = 2):
+    """``ddp_construct.py`` under plain torchrun (no ddp_lab launcher in between) with
+    ``TORCH_DISTRIBUTED_DEBUG=level``: the ``TorchrunResult`` (torch 2.13 on CPU: every
+    rank dies with SIGSEGV in DDP's constructor under DETAIL, and runs under INFO)."""
+    import tempfile
+
+    from ddp_lab.launch.torchrun.command import torchrun
+    from ddp_lab.scripts import script_path
+    with tempfile.TemporaryDirectory(prefix="ddp_lab-torchrun-") as log_dir:
+        return torchrun([script_path("ddp_construct.py")], nproc, log_dir=log_dir,
+                        env={"TORCH_DISTRIBUTED_DEBUG": level})
 
 
 def stuck_ranks_at_barrier(stuck=(1, 3), stuck_s: float = 2.5, wait_s: float = 1.0) -> str:

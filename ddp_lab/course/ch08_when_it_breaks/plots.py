@@ -70,3 +70,59 @@ def recovery_losses(reference: list[float], attempts: dict[int, dict[int, float]
     ax.set_ylabel("training loss (mean over ranks)")
     ax.legend(frameon=False, fontsize=8)
     return fig
+
+
+def link_pace(results: dict) -> Figure:
+    """Mean step time of every rank (bars), for each network setting (groups)."""
+    names = list(results)
+    world = len(results[names[0]])
+    fig = Figure(figsize=(7.5, 3.6), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / world
+    for rank in range(world):
+        xs = [i + (rank - (world - 1) / 2) * width for i in range(len(names))]
+        ax.bar(xs, [results[n][rank] for n in names], width, label=f"rank {rank}",
+               color=PALETTE[rank % len(PALETTE)])
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("ms per DDP step (mean)")
+    ax.set_title("One slow link: every rank slows down")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def profile_timeline(profiles: list) -> Figure:
+    """Per rank, from its profiler trace: the main thread (forward, backward, optimizer as
+    pale bars, backward operators dark on top) and one lane per gloo worker thread (each
+    collective as the thread ran it). ``profiles``: ``profiling.StepProfile`` per rank."""
+    lanes = sum(1 + len(p.threads()) for p in profiles)
+    fig = Figure(figsize=(10, 1.0 + 0.55 * lanes), layout="constrained")
+    ax = fig.subplots()
+    origin = min(s.start for p in profiles for s in p.steps)
+    y, ticks = 0, []
+    for rank, prof in enumerate(profiles):
+        phase_colors = {"forward": "#c7c7c7", "backward": "#aec7e8", "optimizer": "#98df8a"}
+        for span in prof.phases:
+            _span(ax, y, span, origin, phase_colors[span.name], 0.8, span.name)
+        for span in prof.backward_ops:
+            _span(ax, y, span, origin, PALETTE[0], 0.4)
+        ticks.append((y, f"rank {rank} main thread"))
+        for k, thread in enumerate(prof.threads(), 1):
+            for span in (c for c in prof.collectives if c.thread == thread):
+                _span(ax, y + k, span, origin, PALETTE[1], 0.7)
+            ticks.append((y + k, f"rank {rank} gloo thread {k}"))
+        y += 1 + len(prof.threads())
+    for step in profiles[0].steps:
+        ax.axvline((step.start - origin) * 1e3, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_yticks([t for t, _ in ticks], [label for _, label in ticks])
+    ax.set_ylim(y - 0.5, -0.6)
+    ax.set_xlabel("ms since the first recorded step (dotted: ProfilerStep boundaries; dark: "
+                  "backward operators; orange: gloo collectives)")
+    ax.set_title("Two DDP steps from each rank's torch.profiler trace")
+    return fig
+
+
+def _span(ax, y, span, origin, color, height, label=None) -> None:
+    left, width = (span.start - origin) * 1e3, (span.end - span.start) * 1e3
+    ax.barh(y, width, left=left, height=height, color=color, edgecolor="none")
+    if label and width > 8:
+        ax.text(left + width / 2, y - 0.3, label, ha="center", va="center", fontsize=7)

@@ -36,15 +36,17 @@ class ElasticRun:
         return sorted({r["step"] for r in self.trace})
 
 
-def late_join(cluster: Cluster, steps: int = 30, step_s: float = 0.2,
+def late_join(cluster: Cluster, steps: int = 30, step_s: float = 0.2, hold_at: int = 10,
               timeout: float = 150.0) -> ElasticRun:
     """node0 starts the job alone (``--nnodes=1:2``); node1 starts once node0's workers
-    are running, and joins at the next rendezvous."""
+    are running, and joins at the next rendezvous. node0's first round waits at step
+    ``hold_at`` for that, however long node1 takes to start."""
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as folder:
         trace = Path(folder, "trace.jsonl")
         target = ["-m", "ddp_lab.scripts.elastic_steps", "--steps", str(steps),
                   "--step-s", str(step_s), "--state", str(Path(folder, "state.json")),
-                  "--trace", str(trace)]
+                  "--trace", str(trace), "--hold-at-step", str(hold_at),
+                  "--hold-for-world", "4"]  # 2 nodes x 2 workers (cluster_agents)
         # last_call_timeout: once the minimum (1 node) is there, wait 1 s, not 30, for more.
         # TORCH_DISABLE_SHARE_RDZV_TCP_STORE: in torch 2.13 the rank-0 agent keeps its
         # shared store across rounds and never publishes MASTER_ADDR in the new round's

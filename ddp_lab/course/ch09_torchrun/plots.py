@@ -43,3 +43,20 @@ def _stretches(records, nodes, slots) -> list[list[dict]]:
             row.append({"label": label, "pid": record["pid"], "start": record["start"],
                         "end": record["end"], "first": record["step"], "last": record["step"]})
     return rows
+
+
+def throughput_bars(samples_per_second: dict[str, float]) -> Figure:
+    """Samples per second of each way to train the same model on this machine."""
+    fig = Figure(figsize=(7, 0.9 + 0.5 * len(samples_per_second)), layout="constrained")
+    ax = fig.subplots()
+    names = list(samples_per_second)
+    ax.barh(range(len(names)), [samples_per_second[n] for n in names],
+            color=["#8c8c8c", "#dd8452", "#4c72b0"][:len(names)])
+    for y, name in enumerate(names):
+        ax.text(samples_per_second[name], y, f" {samples_per_second[name]:,.0f}", va="center",
+                fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.set_xlim(0, max(samples_per_second.values()) * 1.25)
+    ax.set_xlabel("samples per second (same model, same global batch; shared CPU cores)")
+    return fig

@@ -1,0 +1,42 @@
+"""Notebook 07b (the capstone): the reference ``scratch.DDP`` on a timeline.
+
+Each rank times one training step of a wider MLP (after a warm-up step): forward, backward,
+and ``sync_gradients()``, and notes when each all-reduce was issued, through the same
+watcher the capstone's checker uses. With hooks the all-reduces start while backward is
+still running, last layer first; with buckets there are fewer of them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.exercises.capstone_ddp import watching_all_reduce
+from ddp_lab.scratch import DDP
+
+TIMELINE_MODEL = MLPConfig(inputs=256, width=256, depth=6, outputs=8)
+
+
+def step_timeline(bucket_mb=None, batch: int = 256) -> dict:
+    """On each rank: (label, start, end) spans of one step and the all-reduces' issue times."""
+    ddp = DDP(make_mlp(TIMELINE_MODEL), bucket_mb=bucket_mb)
+    x = torch.randn(batch, TIMELINE_MODEL.inputs)
+    y = torch.randn(batch, TIMELINE_MODEL.outputs)
+    for _ in range(2):  # the first step warms up the allocator and the connections
+        ddp.module.zero_grad(set_to_none=True)
+        with watching_all_reduce(ddp.module) as calls:
+            start = time.time()
+            loss = F.mse_loss(ddp(x), y)
+            forward_end = time.time()
+            loss.backward()
+            backward_end = time.time()
+            ddp.sync_gradients()
+            end = time.time()
+    return {"spans": [("forward", start, forward_end), ("backward", forward_end, backward_end),
+                      ("sync_gradients (wait)", backward_end, end)],
+            "issued": [call["at"] for call in calls],
+            "in_backward": [call["in_backward"] for call in calls],
+            "buckets": len(ddp.buckets)}

@@ -1,0 +1,77 @@
+"""Notebook 09b, part 2: torchrun's other ways to start, each run for real on this machine.
+
+- **static** rendezvous (torchrun's default ``--rdzv-backend``, ``static``): every node
+  is told ``--nnodes``, its ``--node-rank``, and ``--master-addr/--master-port`` (node 0
+  runs the store there); ``RANK = node_rank * nproc_per_node + local_rank``;
+- **c10d** rendezvous ignores ``--node-rank`` (``torch/distributed/run.py``, ``_get_config``
+  logs "node_rank is only used for static rdzv_backend"): node ranks are handed out by the
+  rendezvous itself, so two nodes may both say ``--node-rank=1``;
+- the worker-output options: ``--log-dir`` (one folder per run, attempt and local rank),
+  ``--redirects`` (a worker's streams to files only) and ``--tee`` (to files and the
+  console), each a bitmask (1 stdout, 2 stderr, 3 both), optionally per local rank
+  (``0:3,1:2``);
+- ``--no-python`` (the target is an executable, not a Python script) and ``--run-path``
+  (the script runs with ``runpy.run_path`` in a worker that multiprocessing starts,
+  instead of a fresh ``python -u script``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+from ddp_lab.course.ports import free_loopback_port
+from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, ThisMachine, run_agents
+from ddp_lab.launch.torchrun.command import TorchrunResult, torchrun
+from ddp_lab.scripts import script_path
+
+TARGET = ("-m", "ddp_lab.scripts.print_env")
+
+
+def static_nodes(nnodes: int = 2, nproc: int = 1, timeout: float = 120.0) -> AgentsResult:
+    """``torchrun --nnodes=N --node-rank=i --master-addr=127.0.0.1 --master-port=P ...``
+    once per "node", all on this machine."""
+    port = free_loopback_port()
+    agents = [Agent(ThisMachine(), (f"--nnodes={nnodes}", f"--node-rank={node}",
+                                    f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+                                    f"--master-port={port}", *TARGET))
+              for node in range(nnodes)]
+    return run_agents(agents, timeout=timeout, echo=False)
+
+
+def c10d_same_node_rank(node_rank: int = 1, nproc: int = 1,
+                        timeout: float = 120.0) -> AgentsResult:
+    """Two c10d agents that BOTH pass ``--node-rank=node_rank``: it is ignored (and said
+    so in each agent's log), and the rendezvous gives them group ranks 0 and 1."""
+    port, run_id = free_loopback_port(), f"node-rank-{uuid.uuid4().hex[:8]}"
+    args = ("--nnodes=2", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
+            *TARGET)
+    return run_agents([Agent(ThisMachine(), args), Agent(ThisMachine(), args)],
+                      timeout=timeout, echo=False)
+
+
+def output_options(log_dir: str, timeout: float = 120.0) -> TorchrunResult:
+    """``print_env.py`` started with ``--run-path``, local rank 0 redirected (files only),
+    local rank 1 teed (files and console): three options, one run."""
+    return torchrun(["--redirects=0:3", "--tee=1:3", "--run-path", script_path("print_env.py")],
+                    2, log_dir=log_dir, timeout=timeout)
+
+
+def log_files(log_dir: str) -> dict[str, str]:
+    """Every file torchrun wrote under ``log_dir``, relative path -> its content."""
+    files = {}
+    for root, _, names in os.walk(log_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, errors="replace") as f:
+                files[os.path.relpath(path, log_dir)] = f.read()
+    return dict(sorted(files.items()))
+
+
+def no_python(timeout: float = 60.0) -> TorchrunResult:
+    """``torchrun --no-python printenv RANK LOCAL_RANK WORLD_SIZE``: any executable."""
+    with tempfile.TemporaryDirectory(prefix="ddp_lab-torchrun-") as log_dir:
+        return torchrun(["--no-python", "printenv", "RANK", "LOCAL_RANK", "WORLD_SIZE"], 2,
+                        log_dir=log_dir, timeout=timeout)

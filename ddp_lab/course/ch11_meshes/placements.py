@@ -1,0 +1,59 @@
+"""DTensor placements and ``redistribute`` as collectives (notebook 11).
+
+A DTensor is a global tensor described by a mesh and one placement per mesh dimension:
+``Shard(d)`` (each rank holds a slice along dim d), ``Replicate()`` (each rank holds all of
+it) or ``Partial()`` (each rank holds a summand; the global tensor is their sum).
+``redistribute`` changes the placement, and each change is one collective
+(torch/distributed/tensor/_redistribute.py): Shard -> Replicate is an all-gather,
+Partial -> Replicate an all-reduce, Partial -> Shard a reduce-scatter, Shard(i) ->
+Shard(j) an all-to-all, and Replicate -> Shard only a local slice, no communication.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+from ddp_lab.course.collective_trace import CollectiveTrace
+
+TRANSITIONS = (
+    ("Shard(0) -> Replicate", Shard(0), Replicate()),
+    ("Partial -> Replicate", Partial(), Replicate()),
+    ("Partial -> Shard(0)", Partial(), Shard(0)),
+    ("Shard(0) -> Shard(1)", Shard(0), Shard(1)),
+    ("Replicate -> Shard(0)", Replicate(), Shard(0)),
+)
+
+
+def global_tensor(rows: int = 4, cols: int = 4) -> torch.Tensor:
+    return torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols)
+
+
+def make_dtensor(mesh, placement) -> DTensor:
+    """The global tensor in ``placement``. For Partial, rank r holds ``global / n + r`` minus
+    the mean of those offsets, summands that add up to the global tensor."""
+    full = global_tensor()
+    n, rank = dist.get_world_size(), dist.get_rank()
+    if isinstance(placement, Partial):
+        local = full / n + (rank - (n - 1) / 2)
+        return DTensor.from_local(local, mesh, [placement])
+    return DTensor.from_local(full, mesh, [Replicate()]).redistribute(mesh, [placement])
+
+
+def redistributions() -> dict:
+    """On each rank, for each transition: the local tensor before and after, the
+    collectives that ran (name, bytes, group size), and the global tensor after."""
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    results = {}
+    for name, source, target in TRANSITIONS:
+        before = make_dtensor(mesh, source)
+        with CollectiveTrace(dist.get_world_size()) as trace:
+            after = before.redistribute(mesh, [target])
+            local_after = after.to_local().clone()
+        results[name] = {"before": before.to_local().clone(), "after": local_after,
+                         "calls": [(c.name, c.nbytes, c.group_size) for c in trace.calls],
+                         "bytes_per_rank": trace.bytes_per_rank(),
+                         "global": after.full_tensor()}
+    return results

@@ -1,0 +1,58 @@
+"""The exercises: a registry of names, checkers that run a learner's function on real ranks,
+and the reference solutions, kept apart from the notebooks like a solutions folder.
+
+    import ddp_lab.exercises as ex
+    ex.names()                     # every exercise
+    ex.check("02.all_gather", fn)  # a report, or ExerciseFailed saying what is wrong
+    ex.solution("02.all_gather")   # the reference solution
+
+A check on a stub (the cell as shipped) prints "not solved yet" and a hint instead of failing,
+so a notebook runs top to bottom before the learner has written anything.
+"""
+
+from __future__ import annotations
+
+from ddp_lab.exercises.registry import Exercise, ExerciseFailed, all_exercises, find
+from ddp_lab.exercises.stubs import is_stub
+
+__all__ = ["names", "check", "solution", "describe", "ExerciseFailed", "Exercise", "NOT_SOLVED"]
+
+NOT_SOLVED = "not solved yet"
+
+
+def names() -> list[str]:
+    """Every exercise's name, in notebook order (``"02.all_gather"``: notebook, then topic)."""
+    return list(all_exercises())
+
+
+def describe(name: str) -> str:
+    """What the exercise asks, in one line."""
+    return find(name).summary
+
+
+def solution(name: str):
+    """The reference solution: a function with the same signature as the exercise's stub."""
+    return find(name).solution
+
+
+def check(name: str, fn) -> str:
+    """Run ``name``'s checker on ``fn``; return (and print) its report.
+
+    Raises ExerciseFailed when ``fn`` gives a wrong answer. On a stub, or when ``fn`` raises
+    NotImplementedError on some rank, returns a "not solved yet" report with the hint.
+    """
+    exercise = find(name)
+    if not callable(fn):
+        raise TypeError(f"ex.check({name!r}, fn) needs your function, got {type(fn).__name__}")
+    if is_stub(fn):
+        return _say(f"{name}: {NOT_SOLVED}. {exercise.hint}")
+    try:
+        report = exercise.checker(fn)
+    except NotImplementedError:
+        return _say(f"{name}: {NOT_SOLVED}. {exercise.hint}")
+    return _say(f"{name}: passed. {report}")
+
+
+def _say(report: str) -> str:
+    print(report)
+    return report

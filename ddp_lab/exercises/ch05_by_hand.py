@@ -1,0 +1,111 @@
+"""Notebook 05's exercise: what DDP does to the gradients, by hand after backward.
+
+Each rank builds the same random MLP (a fresh seed per check; sometimes with its first
+layer frozen, so some parameters have no gradient), takes its own random batch through
+forward and backward WITHOUT DDP, and calls the learner's function, with DDP's constructor
+switched off. Then the same model wrapped in torch's DDP takes the same batch, and every
+rank's gradients must equal DDP's (up to float rounding: the all-reduce adds in its own
+order). The model's parameters must be left as they were.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.exercises.builtins_off import refusing, replaced
+from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+
+
+def average_gradients(model: nn.Module) -> None:
+    """Reference: one all_reduce (sum) per gradient, divided by the world size: the mean
+    of the ranks' gradients, what DDP leaves in ``.grad`` (its buckets do the same with
+    fewer, larger all-reduces). Frozen parameters have no gradient and are skipped."""
+    world = dist.get_world_size()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= world
+
+
+def random_model(seed: int) -> nn.Module:
+    """The same MLP on every rank: random widths, weights from the check's seed; its
+    first layer frozen on odd seeds."""
+    g = generator(seed)
+    widths = [int(w) for w in torch.randint(2, 9, (3,), generator=g)]
+    model = nn.Sequential(nn.Linear(widths[0], widths[1]), nn.Tanh(),
+                          nn.Linear(widths[1], widths[2]), nn.Tanh(), nn.Linear(widths[2], 1))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=g))
+    if seed % 2:
+        model[0].requires_grad_(False)
+    return model
+
+
+def _backward(model: nn.Module, inputs: int, seed: int) -> None:
+    """This rank's own batch through ``model`` (plain, or DDP) and backward."""
+    g = generator(seed, dist.get_rank())
+    x = torch.randn(int(torch.randint(1, 6, (1,), generator=g)), inputs, generator=g)
+    F.mse_loss(model(x), torch.randn(x.shape[0], 1, generator=g)).backward()
+
+
+def _trial(fn, seed: int):
+    mine = random_model(seed)
+    inputs = mine[0].in_features
+    _backward(mine, inputs, seed)
+    before = [p.detach().clone() for p in mine.parameters()]
+    with replaced(DDP, "__init__", refusing("DistributedDataParallel", "average the "
+                                            "gradients yourself, after backward")):
+        fn(mine)
+    ddp = DDP(random_model(seed))
+    _backward(ddp, inputs, seed)  # forward through DDP, so backward all-reduces
+    return ([p.grad for p in mine.parameters()], [p.grad for p in ddp.parameters()],
+            all(torch.equal(b, p.detach()) for b, p in zip(before, mine.parameters())))
+
+
+def check_average_gradients(fn) -> str:
+    seed = new_seed()
+    for n in WORLD_SIZES:
+        values = run_ranks(_trial, n, (fn, seed), where=on(n, seed),
+                           hang_hint="Every rank must all-reduce the same gradients in the "
+                           "same order.")
+        for rank, (got, want, untouched) in enumerate(values):
+            _judge(got, want, untouched, f"{on(n, seed)}, rank {rank}")
+    return f"the same gradients as DDP on 1-4 ranks (seed {seed})"
+
+
+def _judge(got: list, want: list, untouched: bool, where: str) -> None:
+    if not untouched:
+        raise ExerciseFailed(f"{where}: the parameters changed. Average the gradients "
+                             "(p.grad), leave the parameters (p.data) to the optimizer.")
+    for i, (mine, theirs) in enumerate(zip(got, want)):
+        if theirs is None or mine is None:
+            if mine is not theirs:
+                raise ExerciseFailed(f"{where}, parameter [{i}]: DDP's gradient is {theirs}, "
+                                     f"yours {mine}. A frozen parameter has no gradient.")
+        elif not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
+            ratio = (mine.norm() / theirs.norm()).item() if theirs.norm() > 0 else float("nan")
+            raise ExerciseFailed(
+                f"{where}, parameter [{i}]: DDP's gradient is {theirs}, yours {mine} (norm "
+                f"ratio {ratio:.3g}). DDP leaves the MEAN of the ranks' gradients: sum with "
+                "all_reduce, divide by world_size, for every parameter that has a gradient.")
+
+
+EXERCISES = (
+    Exercise(
+        name="05.average_gradients",
+        notebook="05_ddp_basics",
+        summary="my_average_gradients(model): after backward without DDP, leave in every "
+                ".grad what DDP would: the mean over the ranks",
+        hint="for each parameter whose .grad is not None: dist.all_reduce(p.grad), then "
+             "p.grad /= dist.get_world_size().",
+        solution=average_gradients,
+        checker=check_average_gradients,
+    ),
+)

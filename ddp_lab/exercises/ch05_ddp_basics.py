@@ -1,0 +1,168 @@
+"""Notebook 05b's exercises: a global accuracy that counts every sample once, and a
+DistributedSampler's shard computed by hand.
+
+The accuracy's checker builds a random classifier and a data set whose size no world size
+divides (a fresh seed per check), counts the samples the model sees on each rank with a
+forward hook, and compares with one process's accuracy. The shard's checker switches
+``DistributedSampler`` off while the learner's code runs and compares with it afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.utils.data
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ddp_lab.exercises.builtins_off import replaced, refusing
+from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+
+
+# -- 05b.global_accuracy ----------------------------------------------------------------------
+def global_accuracy(model: nn.Module, dataset) -> float:
+    """Reference: an unpadded strided shard per rank, then the (correct, total) counts summed
+    across ranks and divided once: sums add up across ranks, accuracies do not."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = dataset[list(range(rank, len(dataset), world))]  # no padding
+    counts = torch.zeros(2)
+    with torch.no_grad():
+        if len(y):
+            counts += torch.tensor([(model(x).argmax(dim=1) == y).sum().item(), len(y)])
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def accuracy_problem(n: int, seed: int) -> tuple[nn.Module, TensorDataset]:
+    """A random linear classifier and ``n`` samples it gets partly wrong (odd indices from 3
+    on), its first samples (the ones DistributedSampler repeats as padding) right: so
+    padding changes the accuracy."""
+    g = generator(seed, n)
+    model = nn.Linear(4, 3)
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(3, 4, generator=g))
+        model.bias.zero_()
+        x = torch.randn(n, 4, generator=g)
+        predicted = model(x).argmax(dim=1)
+    wrong = torch.tensor([i >= 3 and i % 2 == 1 for i in range(n)])
+    return model, TensorDataset(x, torch.where(wrong, (predicted + 1) % 3, predicted))
+
+
+def _accuracy_trial(fn, model: nn.Module, dataset) -> tuple:
+    seen = [0]
+
+    def count(module, args, out):
+        seen[0] += out.shape[0] if out.dim() > 1 else 1  # a batch, or one sample
+
+    model.register_forward_hook(count)
+    return fn(model, dataset), seen[0]
+
+
+def check_global_accuracy(fn) -> str:
+    seed = new_seed()
+    for world in WORLD_SIZES:
+        n = world * (3 + seed % 3) + 1  # no world size > 1 divides it
+        model, dataset = accuracy_problem(n, seed)
+        x, y = dataset.tensors
+        with torch.no_grad():
+            expected = (model(x).argmax(dim=1) == y).float().mean().item()
+        values = run_ranks(_accuracy_trial, world, (fn, model, dataset), where=on(world, seed))
+        _judge(values, expected, n, world, seed)
+    return f"the whole data set's accuracy, each sample once, on 1-4 ranks (seed {seed})"
+
+
+def _judge(values: list[tuple], expected: float, n: int, world: int, seed: int) -> None:
+    accuracies = [acc for acc, _ in values]
+    seen = [count for _, count in values]
+    where = f"{on(world, seed)} with {n} samples"
+    problem = _sharding_problem(seen, n, world)
+    if problem:
+        raise ExerciseFailed(f"{where}, the model saw {seen} samples on the ranks: {problem}")
+    if any(not isinstance(a, (int, float)) or abs(a - expected) > 1e-6 for a in accuracies):
+        raise ExerciseFailed(
+            f"{where}, the accuracy over the whole data set is {expected:.4f}, but the ranks "
+            f"returned {accuracies}. Every rank should return the same global fraction (not "
+            "a percentage, not its own shard's accuracy): all_reduce the (correct, total) "
+            "counts and divide once.")
+
+
+def _sharding_problem(seen: list[int], n: int, world: int) -> str | None:
+    if world > 1 and max(seen) == n:
+        return "a rank evaluated the whole data set; each rank should take only its share"
+    if sum(seen) > n:
+        return (f"{sum(seen)} in all for {n} samples. DistributedSampler pads the shards with "
+                "repeated samples; shard without padding, e.g. range(rank, n, world_size)")
+    if sum(seen) < n:
+        return f"{sum(seen)} in all for {n} samples: some were never evaluated"
+    if max(seen) > math.ceil(n / world):
+        return "the shares are uneven; give every rank about n / world_size samples"
+    return None
+
+
+# -- 05b.sampler_shard --------------------------------------------------------------------------
+def sampler_shard(n: int, epoch: int, seed: int) -> list[int]:
+    """Reference: what DistributedSampler(shuffle=True, seed=seed) gives this rank in
+    ``epoch``: one permutation that every rank draws alike from ``seed + epoch`` (no
+    communication needed), padded by repeating its start to a multiple of the world size,
+    then every world_size-th index from this rank's."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    total = math.ceil(n / world) * world
+    while len(order) < total:
+        order += order[:total - len(order)]
+    return order[rank:total:world]
+
+
+def _shard_trial(fn, n: int, epoch: int, seed: int) -> tuple:
+    # Off on the class itself, so a name imported before the check is off too.
+    off = refusing("DistributedSampler", "compute the shard yourself")
+    with replaced(torch.utils.data.DistributedSampler, "__init__", off):
+        got = fn(n, epoch, seed)
+    sampler = torch.utils.data.DistributedSampler(range(n), shuffle=True, seed=seed)
+    sampler.set_epoch(epoch)
+    return got, list(sampler)
+
+
+def check_sampler_shard(fn) -> str:
+    seed = new_seed()
+    for world in WORLD_SIZES:
+        n, epoch, sampler_seed = 5 + seed % 6, 1 + seed % 5, seed % 1000
+        values = run_ranks(_shard_trial, world, (fn, n, epoch, sampler_seed),
+                           where=on(world, seed))
+        for rank, (got, expected) in enumerate(values):
+            if not isinstance(got, (list, tuple)) or [int(i) for i in got] != expected:
+                raise ExerciseFailed(
+                    f"{on(world, seed)}, n={n}, epoch={epoch}, seed={sampler_seed}: rank "
+                    f"{rank} should get {expected} (DistributedSampler's shard), got {got!r}. "
+                    "One permutation from torch.Generator().manual_seed(seed + epoch), padded "
+                    "with its own start to a multiple of world_size, then "
+                    "[rank::world_size].")
+    return f"the same shards as DistributedSampler on 1-4 ranks (seed {seed})"
+
+
+EXERCISES = (
+    Exercise(
+        name="05b.global_accuracy",
+        notebook="05b_ddp_data_and_checkpoints",
+        summary="my_global_accuracy(model, dataset): the whole data set's accuracy, each "
+                "rank evaluating only its share",
+        hint="shard without padding, range(rank, len(dataset), world_size); all_reduce the "
+             "(correct, total) counts; divide once.",
+        solution=global_accuracy,
+        checker=check_global_accuracy,
+    ),
+    Exercise(
+        name="05b.sampler_shard",
+        notebook="05b_ddp_data_and_checkpoints",
+        summary="my_shard(n, epoch, seed): this rank's indices, as DistributedSampler "
+                "(shuffle=True) gives them",
+        hint="torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)); pad "
+             "with the start of the list to a multiple of world_size; take [rank::world_size].",
+        solution=sampler_shard,
+        checker=check_sampler_shard,
+    ),
+)

@@ -1,0 +1,102 @@
+"""Notebook 08b's exercise: from per-rank Flight-Recorder-like records, name the first
+collective that some ranks never joined, and those ranks.
+
+What ``torchfrtrace`` does for the notebook's dumps, reduced to its core: each rank's record
+is a list of ``(seq, collective)`` entries, the collectives that rank issued, by sequence
+number. The records are random per check: world sizes 1-8, a ring buffer that has dropped
+each rank's oldest entries (so the lists start at different seqs and their lengths say
+nothing), ranks that joined the stuck collective and went on with async ones. A pure
+function, checked in this process.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ddp_lab.exercises.ranks import new_seed
+from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+
+TRIALS = 200
+NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
+
+
+def first_unjoined(records: dict[int, list[tuple[int, str]]]):
+    """Reference: the lowest sequence number that some rank recorded and some rank did not
+    reach, with its collective and the ranks that did not reach it; None when every rank
+    reached every collective. A rank "reached" seq s when its last recorded seq is >= s (its
+    ring buffer may have dropped s itself); sequence numbers are per process group and go up
+    by one per collective on every rank."""
+    last = {rank: max((seq for seq, _ in entries), default=0)
+            for rank, entries in records.items()}
+    stuck_at = min(last.values()) + 1
+    names = {seq: name for entries in records.values() for seq, name in entries}
+    if stuck_at not in names:
+        return None
+    behind = sorted(rank for rank, seq in last.items() if seq < stuck_at)
+    return stuck_at, names[stuck_at], behind
+
+
+def random_records(rng: random.Random):
+    """Records of ``world`` ranks and the answer: every rank issued collectives 1..k-1, the
+    ranks not in ``missing`` also k (and, when some rank is stuck, maybe a few async ones
+    after), each record cut to its newest ``capacity`` entries like a ring buffer."""
+    world = rng.randint(1, 8)
+    k = rng.randint(2, 12)
+    names = {seq: rng.choice(NAMES) for seq in range(1, k + 4)}
+    missing = sorted(rng.sample(range(world), rng.randint(0, world - 1))) if world > 1 else []
+    capacity = rng.randint(2, 6)
+    witness = rng.choice([rank for rank in range(world) if rank not in missing])
+    records = {}
+    for rank in range(world):
+        ahead = rng.randint(0, 3) if missing else 0  # async ones after the stuck one
+        last = k - 1 if rank in missing else k + ahead
+        first = max(1, last + 1 - rng.randint(1, capacity))
+        if rank == witness:  # one record still holds the stuck collective, to name it
+            first = min(first, k)
+        records[rank] = [(seq, names[seq]) for seq in range(first, last + 1)]
+    answer = (k, names[k], missing) if missing else None
+    return records, answer
+
+
+def check_first_unjoined(fn) -> str:
+    seed = new_seed()
+    rng = random.Random(seed)
+    for _ in range(TRIALS):
+        records, want = random_records(rng)
+        copy = {rank: list(entries) for rank, entries in records.items()}
+        try:
+            got = fn(copy)
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            raise ExerciseFailed(f"(seed {seed}) on records {records} your function raised "
+                                 f"{err!r}; expected {want!r}") from None
+        if _normal(got) != want:
+            raise ExerciseFailed(
+                f"(seed {seed}) records (rank: [(seq, collective), ...]) {records}: expected "
+                f"{want!r}, got {got!r}. The ring buffer keeps only the newest entries, so "
+                "compare the LAST seq of each rank, not the lengths; the stuck collective is "
+                "one past the smallest last seq; None when all ranks are level.")
+    return f"the stuck collective and its missing ranks in {TRIALS} random records (seed {seed})"
+
+
+def _normal(got):
+    """A tuple (seq, name, sorted ranks) from whatever sequence the learner returned."""
+    if got is None or not isinstance(got, (tuple, list)) or len(got) != 3:
+        return got
+    seq, name, ranks = got
+    return (seq, name, sorted(ranks)) if isinstance(ranks, (list, tuple, set)) else got
+
+
+EXERCISES = (
+    Exercise(
+        name="08b.first_unjoined",
+        notebook="08b_debugging_today",
+        summary="my_first_unjoined(records): (seq, collective, ranks that never joined) of "
+                "the first collective not every rank reached, or None",
+        hint="each rank's last seq is max(seq for seq, _ in its entries); the stuck one is "
+             "min(last) + 1; its name is in the records of a rank that got there.",
+        solution=first_unjoined,
+        checker=check_first_unjoined,
+    ),
+)

@@ -1,0 +1,105 @@
+"""Notebook 09b's exercise: which physical GPU is ``cuda:LOCAL_RANK`` under a
+``CUDA_VISIBLE_DEVICES`` value?
+
+A pure function, checked in this process on random values of the variable (permutations,
+subsets, repeats, negative and out-of-range ordinals, spaces, empty, unset) against torch's
+own parser ``torch.cuda._parse_visible_devices`` (through the notebook's
+``by_hand.visible_devices``, which sets the variable and cuts the list at the first ordinal
+the machine lacks, as the driver does). Torch's parser is switched off while the learner's
+function runs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch.cuda
+
+from ddp_lab.course.ch09_torchrun import by_hand
+from ddp_lab.exercises.builtins_off import refusing, replaced
+from ddp_lab.exercises.ranks import new_seed
+from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+
+TRIALS = 300
+
+
+def physical_gpu(visible, local_rank: int, gpus: int):
+    """Reference: parse the list as torch does (a repeated ordinal hides every GPU; the
+    list stops at the first entry that is not a non-negative number), then cut it at the
+    first ordinal this machine lacks; ``cuda:local_rank`` is its item ``local_rank``, or
+    None when the process sees fewer GPUs than that."""
+    if visible is None:
+        ordinals = list(range(gpus))
+    else:
+        ordinals = []
+        for item in visible.split(","):
+            item = item.strip()
+            ordinal = int(item) if item.lstrip("+-").isdigit() else -1
+            if ordinal in ordinals:
+                return None  # a repeat: the driver shows no GPU at all
+            if ordinal < 0:
+                break
+            ordinals.append(ordinal)
+    present = []
+    for ordinal in ordinals:
+        if ordinal >= gpus:
+            break
+        present.append(ordinal)
+    return present[local_rank] if local_rank < len(present) else None
+
+
+def random_setting(rng: random.Random, gpus: int):
+    """A value of CUDA_VISIBLE_DEVICES: None (unset) now and then, else 0-5 entries drawn
+    from the machine's ordinals, one past them, and -1, some with spaces around."""
+    if rng.random() < 0.1:
+        return None
+    pool = list(range(gpus + 2)) + [-1]
+    count = rng.randint(0, 5)
+    entries = rng.sample(pool, min(count, len(pool))) if rng.random() < 0.7 else \
+        [rng.choice(pool) for _ in range(count)]
+    return ",".join(f" {e}" if rng.random() < 0.2 else str(e) for e in entries)
+
+
+def expected_gpu(visible, local_rank: int, gpus: int):
+    seen = by_hand.visible_devices(visible, gpus=gpus)
+    return seen[local_rank] if local_rank < len(seen) else None
+
+
+def check_physical_gpu(fn) -> str:
+    seed = new_seed()
+    rng = random.Random(seed)
+    for _ in range(TRIALS):
+        gpus = rng.randint(1, 8)
+        visible, local_rank = random_setting(rng, gpus), rng.randint(0, 3)
+        want = expected_gpu(visible, local_rank, gpus)
+        off = refusing("torch.cuda._parse_visible_devices", "parse the string yourself")
+        call = f"my_physical_gpu({visible!r}, local_rank={local_rank}, gpus={gpus})"
+        with replaced(torch.cuda, "_parse_visible_devices", off):
+            try:
+                got = fn(visible, local_rank, gpus)
+            except NotImplementedError:
+                raise
+            except Exception as err:
+                raise ExerciseFailed(f"(seed {seed}) {call} raised {err!r}; expected "
+                                     f"{want!r}") from None
+        if got != want or type(got) is not type(want):
+            raise ExerciseFailed(
+                f"(seed {seed}) {call} should be {want!r}, got {got!r}. "
+                "cuda:k is the k-th visible GPU; a repeated ordinal hides them all, a "
+                "negative one or one the machine lacks ends the list; None when there is "
+                "no cuda:local_rank.")
+    return f"the same GPUs as torch's parser on {TRIALS} random settings (seed {seed})"
+
+
+EXERCISES = (
+    Exercise(
+        name="09b.physical_gpu",
+        notebook="09b_launching_in_practice",
+        summary="my_physical_gpu(visible, local_rank, gpus): the physical GPU behind "
+                "cuda:local_rank under CUDA_VISIBLE_DEVICES=visible, or None",
+        hint="None means every GPU; split on ',', strip, stop at a negative or non-number, "
+             "a repeat means no GPU; then stop at the first ordinal >= gpus; item local_rank.",
+        solution=physical_gpu,
+        checker=check_physical_gpu,
+    ),
+)

@@ -1,0 +1,105 @@
+"""Running the learner's function on real ranks, and turning what went wrong there into an
+:class:`ExerciseFailed` that says where (world size, seed, rank) and what to look at.
+
+Every checker draws a fresh seed per check (:func:`new_seed`) and names it in its messages
+and report, so a failure can be replayed; inputs come from ``torch.Generator`` seeded from it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ddp_lab.exercises.builtins_off import BuiltinSwitchedOff
+from ddp_lab.exercises.registry import ExerciseFailed
+
+WORLD_SIZES = (1, 2, 3, 4)
+
+
+def new_seed() -> int:
+    """A seed for one check: different every time, so no answer can be learnt by heart."""
+    return random.SystemRandom().randrange(1, 2 ** 31)
+
+
+def where(world_size: int, seed: int) -> str:
+    """How a message names a trial: "on 3 ranks (seed 1234)"."""
+    return f"on {world_size} rank{'s' if world_size != 1 else ''} (seed {seed})"
+
+
+def generator(seed: int, *salt: int) -> torch.Generator:
+    """A generator for one (seed, rank, round, ...): the same numbers on a replay."""
+    return torch.Generator().manual_seed(hash((seed, *salt)) % 2 ** 63)
+
+
+def random_tensor(seed: int, rank: int) -> torch.Tensor:
+    """This rank's input: a shape, dtype and values that only the check's seed number decides."""
+    same_everywhere = generator(seed)
+    dims = int(torch.randint(1, 3, (1,), generator=same_everywhere))
+    shape = tuple(int(s) for s in torch.randint(1, 5, (dims,), generator=same_everywhere))
+    dtype = (torch.int64, torch.float32)[seed % 2]
+    return (torch.randn(shape, generator=generator(seed, rank)) * 100).to(dtype)
+
+
+def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = "",
+              timeout: float = 20.0) -> list:
+    """``ddp_lab.run(worker, world_size, args)``'s values, or ExerciseFailed.
+
+    ``where`` says which trial this was ("on 3 ranks, seed 1234"). A NotImplementedError
+    raised by the learner's code on any rank is re-raised as such: the check then says
+    "not solved yet" instead of failing.
+    """
+    import ddp_lab
+    try:
+        return ddp_lab.run(worker, world_size=world_size, args=args, backend="gloo",
+                           timeout=timeout, echo=False).values
+    except ddp_lab.WorkerTimeout as err:
+        raise ExerciseFailed(
+            f"{where}: your function hung (ranks {err.stuck_ranks} still waiting after "
+            f"{timeout:g} s). {hang_hint}\n\nWhere each stuck rank waited:\n"
+            f"{_stacks(err)}") from None
+    except ddp_lab.WorkerError as err:
+        raise _failure(err, where, hang_hint) from None
+
+
+def last_line(traceback: str) -> str:
+    lines = [line for line in (traceback or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no traceback)"
+
+
+def _failure(err, where: str, hang_hint: str) -> Exception:
+    if not (err.traceback or "").strip():  # it left early, or crashed without Python's help
+        first = str(err).strip().splitlines()[0]
+        return ExerciseFailed(f"{where}: {first} {hang_hint}".rstrip())
+    line = last_line(err.traceback)
+    if line.startswith("NotImplementedError"):
+        return NotImplementedError(line)
+    if BuiltinSwitchedOff.__name__ in line:
+        return ExerciseFailed(f"{where}, rank {err.rank}: {line.split(': ', 1)[-1]}")
+    return ExerciseFailed(f"{where}, rank {err.rank} raised {line}\n\n{err.traceback.rstrip()}")
+
+
+def _stacks(err) -> str:
+    stacks = getattr(err, "stacks", {}) or {}
+    return "\n".join(f"rank {rank}:\n{stack.rstrip()}" for rank, stack in
+                     sorted(stacks.items())) or "(no stacks)"
+
+
+def tensor_problem(got, want: torch.Tensor, exact: bool = True) -> str | None:
+    """None if ``got`` is ``want`` (dtype, shape, values), else what differs, in words."""
+    if not isinstance(got, torch.Tensor):
+        return f"expected a tensor like {want}, got {describe(got)}"
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return (f"expected dtype {want.dtype} and shape {tuple(want.shape)}, got "
+                f"{describe(got)}")
+    same = torch.equal(got, want) if exact else torch.allclose(got, want, rtol=1e-5,
+                                                                 atol=1e-6)
+    return None if same else f"expected {want}, got {got}"
+
+
+def describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value} (dtype {value.dtype}, shape {tuple(value.shape)})"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}: {value}"
+    return repr(value)

@@ -1,0 +1,59 @@
+"""What an exercise is, and the one place that lists them all.
+
+Each notebook's exercises live in a module of this package (``ch02_point_to_point`` ...) that
+declares a tuple ``EXERCISES`` of :class:`Exercise`. The registry imports those modules lazily,
+so ``ddp_lab.exercises.names()`` costs nothing until a checker is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable
+
+
+class ExerciseFailed(AssertionError):
+    """The learner's function gave a wrong answer: the message says which rank, which input,
+    expected against got, and what to look at. An AssertionError, so a check cell that fails
+    reads like any failed assert."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise.
+
+    ``checker(fn)`` runs the learner's ``fn`` (on real ranks where the exercise is
+    distributed) and returns a one-paragraph report, or raises :class:`ExerciseFailed`.
+    ``solution`` is the reference solution: a function with the same signature as the stub.
+    ``hint`` is shown when the check meets a stub (not solved yet).
+    """
+
+    name: str
+    notebook: str
+    summary: str
+    hint: str
+    solution: Callable
+    checker: Callable[[Callable], str]
+
+
+def all_exercises() -> dict[str, Exercise]:
+    """Every exercise by name, in notebook order, from the ``EXERCISES`` of each module."""
+    found: dict[str, Exercise] = {}
+    package = importlib.import_module("ddp_lab.exercises")
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"ddp_lab.exercises.{info.name}")
+        for exercise in getattr(module, "EXERCISES", ()):
+            if exercise.name in found:
+                raise RuntimeError(f"two exercises are called {exercise.name!r}: "
+                                   f"{module.__name__} and an earlier module")
+            found[exercise.name] = exercise
+    return dict(sorted(found.items(), key=lambda item: (item[1].notebook, item[0])))
+
+
+def find(name: str) -> Exercise:
+    exercises = all_exercises()
+    if not isinstance(name, str) or name not in exercises:
+        raise ValueError(f"no exercise called {name!r}; ddp_lab.exercises.names() lists them: "
+                         f"{', '.join(exercises) or '(none yet)'}")
+    return exercises[name]

@@ -1,0 +1,59 @@
+"""The ``if __name__ == "__main__":`` pattern that ``torch.multiprocessing.spawn`` needs.
+
+    python mp_spawn_hello.py --nprocs 2               # each worker all-reduces and prints
+    python mp_spawn_hello.py --nprocs 2 --hold 60     # workers then wait (orphan demo)
+
+``mp.spawn`` starts each worker as a fresh interpreter that imports this file as its main
+module (under the name ``__mp_main__``) to find ``worker``. Without the guard, that import
+would run the launching code again in every child, which Python refuses with "An attempt
+has been made to start a new process before the current process has finished its
+bootstrapping phase" (https://docs.python.org/3/library/multiprocessing.html, "Safe
+importing of main module").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank: int, world_size: int, port: int, hold_s: float) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    print(f"worker {rank} (pid {os.getpid()}, parent {os.getppid()}): all_reduce sum "
+          f"{total.item():g}", flush=True)
+    dist.destroy_process_group()
+    if hold_s:  # the orphan demo kills the parent meanwhile
+        # torch's spawn asks Linux for a SIGINT to each worker when its parent dies
+        # (PR_SET_PDEATHSIG, torch/multiprocessing/spawn.py _wrap); a worker stuck in a
+        # collective's C++ wait never turns it into a KeyboardInterrupt. Blocking SIGINT
+        # makes this sleeping worker just as deaf, so it is orphaned like that one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        time.sleep(hold_s)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nprocs", type=int, default=2)
+    parser.add_argument("--hold", type=float, default=0.0, help="seconds workers wait at the end")
+    args = parser.parse_args()
+    mp.spawn(worker, args=(args.nprocs, free_port(), args.hold), nprocs=args.nprocs)
+
+
+if __name__ == "__main__":
+    main()
