@@ -1,7 +1,7 @@
 """Notebook 10's exercises: ZeRO-1's step, and the reduce-scatter of one gradient (ZeRO-2/3).
 
 Each check draws a seed, builds random shapes and values from it, runs the learner's function
-on 2 and 3 real ranks with the built-ins it replaces switched off, and compares every rank's
+on 1 to 4 real ranks with the built-ins it replaces switched off, and compares every rank's
 result with what one process computes from all ranks' inputs.
 """
 
@@ -14,11 +14,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.exercises.builtins_off import refusing, replaced, switched_off
-from ddp_lab.exercises.ranks import generator, new_seed, run_ranks, where
+from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.sharded_optimizer import ShardedOptimizer, partition
 
-WORLD_SIZES = (2, 3)
 # Ranks import torch's distributed optim/tensor packages first: seconds each on a busy laptop.
 CHECK_TIMEOUT = 60.0
 STEPS = 3
@@ -135,7 +134,7 @@ def check_zero1_step(fn) -> str:
         mismatches = _mismatches(values)
         if mismatches:
             raise ExerciseFailed(f"{on}, {_zero1_problem(mismatches)}")
-    return f"every rank holds what one process's Adam gives, {STEPS} steps on 2 and 3 ranks (seed {seed})"
+    return f"every rank holds what one process's Adam gives, {STEPS} steps on 1 to 4 ranks (seed {seed})"
 
 
 # --- 10.shard_gradient -----------------------------------------------------------------------
@@ -150,7 +149,7 @@ def shard_gradient(full_grad):
 
 
 def _shape(seed: int, trial: int) -> tuple[int, ...]:
-    """Random shapes; the first has 35 elements, which 2 and 3 ranks cannot split evenly."""
+    """Random shapes; the first has 35 elements, which 2, 3 and 4 ranks cannot split evenly."""
     if trial == 0:
         return (5, 7)
     g = generator(seed, trial)
@@ -204,7 +203,7 @@ def check_shard_gradient(fn) -> str:
                 problem = _shard_problem(r, rank, n)
                 if problem:
                     raise ExerciseFailed(f"{on}, rank {rank}, a gradient of shape {r['shape']}: {problem}")
-    return f"every rank got its averaged shard, 3 shapes on 2 and 3 ranks (seed {seed})"
+    return f"every rank got its averaged shard, 3 shapes on 1 to 4 ranks (seed {seed})"
 
 
 EXERCISES = (

@@ -65,7 +65,10 @@ class DDP(nn.Module):
     def _grad_ready(self, param) -> None:
         k = self.bucket_of[id(param)]
         self.ready[k] += 1
-        if self.ready[k] == len(self.buckets[k]):  # 3. the bucket is full: launch it
+        # 3. every gradient of the bucket is ready: launch it. (The Reducer also waits for
+        # the buckets before it, so that all ranks launch in one order whatever autograd
+        # does; for one model on every rank, autograd's order is the same anyway.)
+        if self.ready[k] == len(self.buckets[k]):
             self._launch(k)
 
     def _launch(self, k: int) -> None:

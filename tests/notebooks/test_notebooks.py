@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -41,7 +42,11 @@ def test_notebook_runs_headless(notebook: Path, tmp_path: Path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("notebook", _params())
 def test_notebook_is_committed_clean(notebook: Path):
-    """DESIGN.md rule 6: no outputs or execution counts in git, and a valid nbformat file."""
+    """DESIGN.md rule 6: no outputs or execution counts in git, and a valid nbformat file
+    whose every cell has an id (nbformat 4.5 requires them; without, a warning today)."""
+    raw = json.loads(notebook.read_text())
+    no_id = [number for number, cell in enumerate(raw["cells"]) if "id" not in cell]
+    assert not no_id, f"{notebook.name}: cells {no_id} have no id; nbformat.normalize() adds them"
     nb = nbformat.read(notebook, as_version=4)
     nbformat.validate(nb)
     dirty = [
