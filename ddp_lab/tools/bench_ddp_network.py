@@ -3,8 +3,8 @@ loopback and on shaped links, side by side, with the speedups notebook 07 assert
 
 The measurement is ``ddp_lab.course.ch07_inside_ddp.network_costs`` (notebook 07 runs a
 shorter one); more steps per setting here give steadier medians on a loaded machine.
-Each lesson gets a link of its own: overlap where the all-reduce takes about as long as
-backward, compression where the link dominates (``network_costs.COMM_TO_COMPUTE``).
+Each lesson gets a link of its own: overlap where the all-reduce takes about as long as the
+computation, compression where the link dominates (``network_costs.COMM_TO_COMPUTE``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-network", default=None,
                         help="each rank's link for the bucket and overlap lesson, e.g. "
-                             "800mbit (default: the rate at which the all-reduce takes 0.7x "
-                             "the computation measured on loopback, about the backward)")
+                             "1gbit (default: the rate at which the all-reduce takes as long "
+                             "as the computation measured on loopback)")
     parser.add_argument("--compression-network", default=None,
                         help="each rank's link for the hooks, e.g. 200mbit (default: the rate "
                              "at which the all-reduce takes 3x the computation)")

@@ -36,12 +36,16 @@ from ddp_lab.course.timing import time_in_turns
 # last bucket small: it leaves when backward is over, so overlap can never hide it.
 NETWORK_MODEL = MLPConfig(inputs=512, width=512, depth=8, outputs=512)
 # The all-reduce's time over the computation's (forward + backward) on each lesson's link.
-# Overlap: backward is about 2/3 of the computation, so at 0.7 the all-reduce takes about
-# as long as backward: no overlap costs F + B + C = 1.7 units, perfect overlap about
-# F + B = 1 (1.7x at most, less the last bucket). Compression: at 3 the link dominates; with
-# backward hidden under it, no hook costs about F + C = 3.3 units, fp16's half of the bytes
-# 1.8 (1.8x), PowerSGD's few KB little more than the computation and its own work.
-COMM_TO_COMPUTE = {"overlap": 0.7, "compression": 3.0}
+# Overlap: at 1.0 the all-reduce takes as long as forward and backward together. No overlap
+# then costs F + B + C = 2 units; perfect overlap hides C behind backward and what follows,
+# about F + C = 1.33 units (1.5x at most, less the last bucket). A faster link promises more
+# on paper (at 0.7, 1.65x), but on 2 CPU cores gloo's threads and the kernel's network work
+# take cycles from backward, and measured less: at batch 512 on the development machine,
+# 0.7 gave 1.28x and 1.0 gave 1.33x (ddp-lab bench ddp-network). Compression: at 3 the link
+# dominates; with backward hidden under it, no hook costs about F + C = 3.3 units, fp16's
+# half of the bytes 1.8 (1.8x), PowerSGD's few KB little more than the computation and its
+# own work.
+COMM_TO_COMPUTE = {"overlap": 1.0, "compression": 3.0}
 LESSONS = tuple(COMM_TO_COMPUTE)
 HOOK_CAP = 1.0  # MB: fp16 and its baseline use small buckets, so they overlap too
 # PowerSGD waits for its second all-reduce inside the first one's callback; with several
