@@ -25,6 +25,13 @@ import torch.multiprocessing as mp
 
 
 def worker(rank: int, world_size: int, port: int, hold_s: float) -> None:
+    if hold_s:  # the orphan demo kills the parent as soon as every worker has printed
+        # torch's spawn asks Linux for a SIGINT to each worker when its parent dies
+        # (PR_SET_PDEATHSIG, torch/multiprocessing/spawn.py _wrap); a worker stuck in a
+        # collective's C++ wait never turns it into a KeyboardInterrupt. Blocking SIGINT
+        # makes this worker just as deaf, so it is orphaned like that one. Blocked before
+        # the print below: blocked after it, a busy machine let the signal in first.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     total = torch.tensor([float(rank + 1)])
@@ -32,13 +39,7 @@ def worker(rank: int, world_size: int, port: int, hold_s: float) -> None:
     print(f"worker {rank} (pid {os.getpid()}, parent {os.getppid()}): all_reduce sum "
           f"{total.item():g}", flush=True)
     dist.destroy_process_group()
-    if hold_s:  # the orphan demo kills the parent meanwhile
-        # torch's spawn asks Linux for a SIGINT to each worker when its parent dies
-        # (PR_SET_PDEATHSIG, torch/multiprocessing/spawn.py _wrap); a worker stuck in a
-        # collective's C++ wait never turns it into a KeyboardInterrupt. Blocking SIGINT
-        # makes this sleeping worker just as deaf, so it is orphaned like that one.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        time.sleep(hold_s)
+    time.sleep(hold_s)  # the orphan demo: the parent dies meanwhile
 
 
 def free_port() -> int:
