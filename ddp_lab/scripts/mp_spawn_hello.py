@@ -28,10 +28,11 @@ def worker(rank: int, world_size: int, port: int, hold_s: float) -> None:
     if hold_s:  # the orphan demo kills the parent as soon as every worker has printed
         # torch's spawn asks Linux for a SIGINT to each worker when its parent dies
         # (PR_SET_PDEATHSIG, torch/multiprocessing/spawn.py _wrap); a worker stuck in a
-        # collective's C++ wait never turns it into a KeyboardInterrupt. Blocking SIGINT
-        # makes this worker just as deaf, so it is orphaned like that one. Blocked before
-        # the print below: blocked after it, a busy machine let the signal in first.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # collective's C++ wait never turns it into a KeyboardInterrupt. Ignoring SIGINT
+        # makes this worker just as deaf, so it is orphaned like that one. Ignored, not
+        # blocked: a mask holds only for this thread, and the kernel hands a process's
+        # signal to any thread that does not block it (torch's own threads included).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     total = torch.tensor([float(rank + 1)])
