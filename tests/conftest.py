@@ -98,8 +98,11 @@ def run_folders() -> set[str]:
 
 
 def torchrun_log_folders() -> set[str]:
-    """torchrun's default log folders: every torchrun started without --log-dir makes one."""
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*")))
+    """torchrun's default log folders (every torchrun started without --log-dir makes one),
+    and the traceback files of torch's spawn (``pytorch-errorfile-*.pickle``, one per failed
+    worker, never removed by torch)."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "torchelastic_*"))
+               + glob.glob(os.path.join(tempfile.gettempdir(), "pytorch-errorfile-*")))
 
 
 @pytest.fixture(autouse=True)
@@ -116,4 +119,4 @@ def nothing_left_behind():
     assert not listening, f"ports left listening: {listening}"
     assert run_folders() <= folders_before, "a ddp_lab run folder was left behind"
     new_logs = torchrun_log_folders() - torchrun_logs_before
-    assert not new_logs, f"a torchrun ran without --log-dir and left {sorted(new_logs)}"
+    assert not new_logs, f"a torchrun or spawn left {sorted(new_logs)} in the temp folder"

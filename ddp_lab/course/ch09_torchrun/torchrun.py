@@ -110,11 +110,13 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> Elas
     for SIGINT/SIGTERM/SIGHUP/SIGQUIT in the calling process and leaves them there, so
     we restore the kernel's (else the stop button raises torch's SignalException). The
     restart needs torch 2.13's shared rendezvous store turned off (pytorch/pytorch#135712:
-    restarted workers can read the previous attempt's gloo addresses), as notebook 08 does."""
+    restarted workers can read the previous attempt's gloo addresses), as notebook 08 does.
+    torch's spawn leaves a ``pytorch-errorfile-*.pickle`` per failed worker in the temp
+    folder; they go to the log folder, removed with it."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
-            _signal_handlers_kept() as left, \
+            _temp_files_in(log_dir), _signal_handlers_kept() as left, \
             _env_set(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"):
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
@@ -123,6 +125,19 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> Elas
             logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL))
         values = elastic_launch(config, fn)(*args)
     return ElasticLaunch(dict(sorted(values.items())), left["SIGINT"])
+
+
+@contextlib.contextmanager
+def _temp_files_in(folder: str):
+    """Make ``tempfile`` create its files in ``folder`` until the block ends: torch's spawn
+    (``start_processes``) creates a traceback file per worker there and never removes the
+    ones a failed worker wrote."""
+    saved = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
 
 
 @contextlib.contextmanager
