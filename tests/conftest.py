@@ -97,6 +97,17 @@ def run_folders() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"ddp_lab-{os.getpid()}-*")))
 
 
+def abandoned_run_folders() -> set[str]:
+    """Folders named like a run folder (``ddp_lab-PID-*``) whose process is gone, so nobody
+    will remove them: a notebook kernel's or a script's, not only this test process's."""
+    found = set()
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "ddp_lab-*-*")):
+        pid = os.path.basename(path).split("-")[1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            found.add(path)
+    return found
+
+
 def torchrun_log_folders() -> set[str]:
     """torchrun's default log folders (every torchrun started without --log-dir makes one),
     and the traceback files of torch's spawn (``pytorch-errorfile-*.pickle``, one per failed
@@ -108,6 +119,7 @@ def torchrun_log_folders() -> set[str]:
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     folders_before = run_folders()
+    abandoned_before = abandoned_run_folders()
     torchrun_logs_before = torchrun_log_folders()
     yield
     deadline = time.monotonic() + 10
@@ -118,5 +130,7 @@ def nothing_left_behind():
     listening = [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
     assert not listening, f"ports left listening: {listening}"
     assert run_folders() <= folders_before, "a ddp_lab run folder was left behind"
+    abandoned = abandoned_run_folders() - abandoned_before
+    assert not abandoned, f"folders of exited processes left behind: {sorted(abandoned)}"
     new_logs = torchrun_log_folders() - torchrun_logs_before
     assert not new_logs, f"a torchrun or spawn left {sorted(new_logs)} in the temp folder"

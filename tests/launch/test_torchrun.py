@@ -176,11 +176,15 @@ def test_sigkill_of_the_launcher_takes_agent_workers_and_folder_down(tmp_path):
 
 
 ELASTIC_LAUNCH = textwrap.dedent("""
-    import signal
+    import os, signal, tempfile
     from ddp_lab.course.ch09_torchrun import torchrun as demo
     if __name__ == "__main__":
         out = demo.launch_from_python(demo.flaky_all_reduce, nproc=2, max_restarts=1)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        # the caller's temp folder is untouched (torch's inductor would keep a folder seen
+        # during the launch for good, and make it again later)
+        assert tempfile.gettempdir() == os.environ["TMPDIR"]
+        assert "ddp_lab-" not in os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
         print(sorted((r, v["restart"], v["sum"]) for r, v in out.values.items()))
         print(out.sigint_handler_left)
 """)
@@ -190,9 +194,13 @@ def test_elastic_launch_restarts_all_workers_after_a_crash(tmp_path):
     # in a child process: multiprocessing's spawn leaves a resource tracker behind
     script = tmp_path / "launch.py"
     script.write_text(ELASTIC_LAUNCH)
+    temp = tmp_path / "temp"  # its own temp folder: torch's spawn leaves error files there
+    temp.mkdir()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=150, cwd=tmp_path)
+                          timeout=150, cwd=tmp_path, env={**os.environ, "TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-3000:]
+    left = [p.name for p in temp.iterdir() if p.name.startswith(("pytorch-errorfile", "ddp_lab-"))]
+    assert left == []
     values, handler = done.stdout.strip().splitlines()[-2:]
     assert values == "[(0, 1, 1.0), (1, 1, 1.0)]"  # both restarted once, then all_reduced
     assert handler == "_terminate_process_handler"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import signal
@@ -116,7 +117,7 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> Elas
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
-            _temp_files_in(log_dir), _signal_handlers_kept() as left, \
+            _spawn_error_files_in(log_dir), _signal_handlers_kept() as left, \
             _env_set(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"):
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
@@ -128,16 +129,32 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> Elas
 
 
 @contextlib.contextmanager
-def _temp_files_in(folder: str):
-    """Make ``tempfile`` create its files in ``folder`` until the block ends: torch's spawn
-    (``start_processes``) creates a traceback file per worker there and never removes the
-    ones a failed worker wrote."""
-    saved = tempfile.tempdir
-    tempfile.tempdir = folder
+def _spawn_error_files_in(folder: str):
+    """torch's spawn (``start_processes``) makes a traceback file per worker with
+    ``tempfile.NamedTemporaryFile(delete=False)`` and never removes the ones failed workers
+    wrote. Until the block ends, that one module's ``tempfile`` makes them in ``folder``.
+    Not ``tempfile.tempdir``: the whole process would see it, and torch's inductor keeps
+    the first temp folder it sees in ``TORCHINDUCTOR_CACHE_DIR`` for good."""
+    spawn = importlib.import_module("torch.multiprocessing.spawn")  # the module, not the function
+    saved = spawn.tempfile
+    spawn.tempfile = _TempfileIn(folder)
     try:
         yield
     finally:
-        tempfile.tempdir = saved
+        spawn.tempfile = saved
+
+
+class _TempfileIn:
+    """The ``tempfile`` module, but ``NamedTemporaryFile`` makes its files in ``folder``."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def NamedTemporaryFile(self, *args, **kwargs):  # noqa: N802 (tempfile's name)
+        return tempfile.NamedTemporaryFile(*args, **{"dir": self.folder, **kwargs})
+
+    def __getattr__(self, name: str):
+        return getattr(tempfile, name)
 
 
 @contextlib.contextmanager
