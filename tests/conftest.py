@@ -108,7 +108,7 @@ def abandoned_run_folders() -> set[str]:
     return found
 
 
-def torchrun_log_folders() -> set[str]:
+def torch_temp_leftovers() -> set[str]:
     """torchrun's default log folders (every torchrun started without --log-dir makes one),
     and the traceback files of torch's spawn (``pytorch-errorfile-*.pickle``, one per failed
     worker, never removed by torch)."""
@@ -120,7 +120,7 @@ def torchrun_log_folders() -> set[str]:
 def nothing_left_behind():
     folders_before = run_folders()
     abandoned_before = abandoned_run_folders()
-    torchrun_logs_before = torchrun_log_folders()
+    torch_leftovers_before = torch_temp_leftovers()
     yield
     deadline = time.monotonic() + 10
     while (leftover_processes() or strays()) and time.monotonic() < deadline:
@@ -132,5 +132,5 @@ def nothing_left_behind():
     assert run_folders() <= folders_before, "a ddp_lab run folder was left behind"
     abandoned = abandoned_run_folders() - abandoned_before
     assert not abandoned, f"folders of exited processes left behind: {sorted(abandoned)}"
-    new_logs = torchrun_log_folders() - torchrun_logs_before
+    new_logs = torch_temp_leftovers() - torch_leftovers_before
     assert not new_logs, f"a torchrun or spawn left {sorted(new_logs)} in the temp folder"
