@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import site
 import time
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ class NotebookReport:
     ok: bool
     failed_cell: int | None = None
     failed_source: str = ""
+    failed_line: tuple[int, str] | None = None
     error_name: str = ""
     error_message: str = ""
     executed_path: Path | None = None
@@ -60,6 +62,8 @@ class NotebookReport:
         where = f"code cell {self.failed_cell}" if self.failed_cell else "kernel start"
         if self.failed_source:
             where += f" ({self.failed_source!r})"
+        if self.failed_line:
+            where += f", line {self.failed_line[0]}: {self.failed_line[1]!r}"
         return f"{self.name}: FAILED at {where} after {self.seconds:.1f} s: {self.error}"
 
     def printed_tail(self, limit: int = 4000) -> str:
@@ -141,6 +145,27 @@ def _first_line(source: str) -> str:
     return lines[0].strip() if lines else ""
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+CELL_FRAME = re.compile(r"Cell In\[\d+\], line (\d+)")
+
+
+def _failing_line(exc: Exception, source: str) -> tuple[int, str] | None:
+    """(number, text) of the cell's line the exception came from, read from IPython's
+    traceback (its first ``Cell In[N], line K`` frame is the cell's own).
+
+    Why: a check cell holds a dozen bare ``assert`` lines, and an AssertionError has no
+    message; in CI the executed copy with its traceback is gone with the machine.
+    """
+    if not isinstance(exc, CellExecutionError):
+        return None
+    frame = CELL_FRAME.search(ANSI_ESCAPE.sub("", exc.traceback))
+    lines = source.splitlines()
+    if frame is None or not 1 <= int(frame.group(1)) <= len(lines):
+        return None
+    number = int(frame.group(1))
+    return number, lines[number - 1].strip()
+
+
 def _error_of(exc: Exception) -> tuple[str, str]:
     """(ename, evalue): the kernel's exception for a failing cell, else our own error."""
     if isinstance(exc, CellExecutionError):
@@ -178,8 +203,9 @@ def _report(path: Path, nb, seconds: float, cell_index, exc) -> NotebookReport:
         return NotebookReport(path=path, seconds=seconds, ok=True)
     ename, evalue = _error_of(exc)
     cell = None if cell_index is None else code_cell_number(nb, cell_index)
-    source = "" if cell_index is None else _first_line(nb.cells[cell_index].source)
-    return NotebookReport(path, seconds, False, cell, source, ename, evalue)
+    source = "" if cell_index is None else nb.cells[cell_index].source
+    return NotebookReport(path, seconds, False, cell, _first_line(source),
+                          _failing_line(exc, source), ename, evalue)
 
 
 def _with_banner(nb: nbformat.NotebookNode, report: NotebookReport) -> nbformat.NotebookNode:

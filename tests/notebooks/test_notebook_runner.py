@@ -95,8 +95,11 @@ def test_failing_notebook_reports_cell_and_error(course: Path, tmp_path: Path):
     assert report.failed_cell == 2
     assert report.failed_source == "# second code cell"
     assert report.error == "ValueError: boom in the second cell"
+    # The line that raised, from the traceback: a bare assert among many has no message.
+    assert report.failed_line == (2, "raise ValueError('boom in the second cell')")
     line = report.describe()
     assert "b_fail.ipynb" in line and "code cell 2" in line and "boom" in line
+    assert "line 2: \"raise ValueError('boom in the second cell')\"" in line
     # What the cells printed says why an assert without a message failed.
     assert report.printed_tail() == "[cell 1]\nx is 1\n"
     assert report.printed_tail(limit=5) == "is 1\n"
