@@ -110,7 +110,12 @@ def try_cluster(cluster: Cluster, fixes: Fixes, timeout: float = 60.0) -> Agents
     agents = cluster_agents(cluster, ["-m", "ddp_lab.scripts.print_env", "--timeout", "4"],
                             fixes, nproc=1, rdzv_conf=("read_timeout=3",))
     print_commands(agents)
-    result = run_agents(agents, timeout=timeout, echo=False, grace=3.0)
+    # Without is_host no agent hosts the store, and each fails on its own once its
+    # read_timeout has passed, counted from its own start (busy cores delay one start by
+    # seconds): wait for both errors. With it, a node whose peer failed may keep waiting
+    # for it for a long time: stop it soon.
+    grace = 3.0 if fixes.is_host else 12.0
+    result = run_agents(agents, timeout=timeout, echo=False, grace=grace)
     print(result.summary(keep=("RANK=",)))
     return result
 
