@@ -14,13 +14,20 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before any group: see train_cnn.py)
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def build_and_backward() -> None:
+    """The model dies on return, before its group is destroyed (see ddp_lab.launch.teardown
+    for the deadlock a live DDP model can cause there)."""
+    model = DDP(torch.nn.Linear(10, 1))
+    model(torch.randn(4, 10)).sum().backward()
 
 
 def main() -> None:
     dist.init_process_group("gloo")
-    model = DDP(torch.nn.Linear(10, 1))
-    model(torch.randn(4, 10)).sum().backward()
+    build_and_backward()
     level = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
     # one write per line: the ranks share torchrun's unbuffered stdout, and print() writes
     # the text and its newline separately, so two ranks' lines could run together

@@ -17,6 +17,14 @@ from dataclasses import fields
 
 import torch
 import torch.distributed as dist
+# Before any group exists, or DDP's constructor imports it (through torch._dynamo) and its
+# functions' defaults, ``group=group.WORLD`` (torch/distributed/nn/functional.py), keep the
+# default group alive after destroy_process_group(): gloo's worker threads then run into
+# the interpreter's exit, and one that drops its last work there (that work holds a Python
+# object, which needs the GIL) aborts the process with "terminate called without an active
+# exception" (SIGABRT) after the script's last line. Imported first, the defaults are None,
+# and destroy_process_group() joins those threads while Python is still fully alive.
+import torch.distributed.nn  # noqa: F401
 
 import ddp_lab
 from ddp_lab.course.data import load_dataset
@@ -51,10 +59,7 @@ def main(argv=None) -> None:
     print(f"Initialized process group with rank {dist.get_rank()}.", flush=True)
     print(f"Running on rank {dist.get_rank()}. (local device: {rank_device()})", flush=True)
     ddp_lab.report(train(config))
-    # Everyone finishes before anyone tears down: a rank that destroys its group while a
-    # peer on another node still uses the connections can die in gloo with
-    # "terminate called without an active exception" (seen across two namespaces).
-    dist.barrier()
+    dist.barrier()  # every rank is done before any of them closes its connections
     dist.destroy_process_group()
 
 

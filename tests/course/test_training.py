@@ -155,6 +155,47 @@ def test_train_cnn_under_real_torchrun(tmp_path):
     assert "Test accuracy:" in out and (tmp_path / "ck.pt").is_file()
 
 
+
+# The last line of a probe: the names of this process's threads still alive.
+THREADS_LEFT = ("d = f'/proc/{os.getpid()}/task'\n"
+                "print(sorted(open(f'{d}/{t}/comm').read().strip() for t in os.listdir(d)))")
+GLOO_THREADS = {"pt_gloo_runloop", "gloo_tcp_loop"}
+
+
+def gloo_threads_left(code: str, tmp_path) -> set[str]:
+    """Run ``code`` in a fresh interpreter as rank 0 of 1; gloo's threads alive at its end."""
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}  # 0: the store picks a free port
+    done = subprocess.run([sys.executable, "-c", f"import os\n{code}\n{THREADS_LEFT}"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return GLOO_THREADS & set(eval(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("imported_first", [False, True])
+def test_destroy_joins_gloo_threads_only_if_torch_distributed_nn_came_first(
+        tmp_path, imported_first):
+    """What train_cnn.py's comment says of torch 2.13: DDP's constructor imports
+    torch.distributed.nn, whose defaults then hold the default group past
+    destroy_process_group(), so gloo's threads live on into the interpreter's exit."""
+    code = ("import torch, torch.distributed as dist\n"
+            + ("import torch.distributed.nn\n" if imported_first else "")
+            + "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+            "dist.init_process_group('gloo')\n"
+            "def step():\n"
+            "    DDP(torch.nn.Linear(4, 1))(torch.randn(2, 4)).sum().backward()\n"
+            "step()\n"
+            "dist.destroy_process_group()")
+    assert gloo_threads_left(code, tmp_path) == (set() if imported_first else GLOO_THREADS)
+
+
+@pytest.mark.parametrize("script", ["train_cnn", "crash_rank", "ddp_construct"])
+def test_worker_scripts_leave_no_gloo_thread_to_the_interpreters_exit(tmp_path, script):
+    args = {"train_cnn": "['--epochs', '1', '--no-progress']",
+            "crash_rank": "['--crash-rank', '-1', '--steps', '2']", "ddp_construct": ""}[script]
+    code = f"from ddp_lab.scripts import {script}\n{script}.main({args})"
+    assert gloo_threads_left(code, tmp_path) == set()
+
 # --- notebook 06's throughput demo --------------------------------------------
 
 def test_step_throughput_reports_the_slowest_rank():
