@@ -86,8 +86,10 @@ def _with_network(config: LaunchConfig, network) -> LaunchConfig:
 def pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
     """fn and its arguments as bytes, or a TypeError that says which part cannot travel."""
     import cloudpickle
+
+    from ddp_lab.launch.payload import dumps
     try:
-        return cloudpickle.dumps((fn, args, kwargs, interactive_sources()))
+        return dumps((fn, args, kwargs, interactive_sources()))
     except Exception:  # noqa: BLE001 - pickling fails in many ways; find the culprit
         pass
     for what, obj in (("fn", fn), ("args", args), ("kwargs", kwargs)):
