@@ -116,6 +116,35 @@ def test_usage_errors(kernel, cell, words):
     assert words in shown
 
 
+def test_usage_error_reads_once_and_points_at_help(kernel):
+    _, client = kernel
+    run = execute(client, "%%ddp --bogus\npass")
+    shown = run.printed + "\n".join((run.error or {}).get("traceback", []))
+    assert "Usage: %%ddp [-h]" in shown and "Usage: usage:" not in shown
+    assert "%%ddp --help" in shown
+
+
+def test_help_prints_the_options_and_runs_nothing(kernel):
+    _, client = kernel
+    run = execute(client, "%%ddp --help\nraise SystemExit('the cell must not run')")
+    assert run.ok, run.error
+    assert "--push NAME[,NAME]" in run.printed and "--return NAME[,NAME]" in run.printed
+
+
+@pytest.mark.parametrize("setup, cell, advice", [
+    ("offset = 3.0", "y = offset + rank", "add --push offset to the %%ddp line"),
+    ("import math", "y = math.sqrt(rank)", "import it inside the %%ddp cell"),
+    ("", "y = never_defined_anywhere", "import or define anything else inside the cell"),
+])
+def test_name_error_says_push_or_import(kernel, setup, cell, advice):
+    _, client = kernel
+    assert execute(client, setup).ok
+    run = execute(client, f"%%ddp -n 2\n{cell}\n")
+    assert run.error["ename"] == "WorkerError"
+    shown = "\n".join(run.error["traceback"])
+    assert "is not defined" in shown and advice in shown, shown
+
+
 def test_interrupt_stops_every_rank(kernel, tmp_path):
     manager, client = kernel
     client.execute(f"""%%ddp -n 2 --timeout 600
