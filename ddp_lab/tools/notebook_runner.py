@@ -10,6 +10,7 @@ notebook, so the traceback is one click away), and a shared ``index.html``.
 from __future__ import annotations
 
 import html
+import json
 import os
 import site
 import time
@@ -166,23 +167,41 @@ def _index_row(report: NotebookReport, build_dir: Path) -> str:
 
 
 def write_index(reports: list[NotebookReport], build_dir: Path | str) -> Path:
-    """``build_dir/index.html``: one row per notebook with status, seconds and links."""
+    """``build_dir/index.html``: one row per notebook with status, seconds and links.
+
+    Rows of notebooks this run did not execute stay as the last run left them (kept in
+    ``index.json`` beside the page): ``--pattern "03_*"`` after a full run updates one row
+    instead of replacing the whole report with it."""
     build_dir = Path(build_dir).resolve()
-    passed = sum(r.ok for r in reports)
-    rows = "\n".join(_index_row(r, build_dir) for r in reports)
+    rows = _merged_rows(build_dir / "index.json",
+                        {r.name: {"ok": r.ok, "row": _index_row(r, build_dir)} for r in reports})
+    passed = sum(row["ok"] for row in rows.values())
+    table = "\n".join(row["row"] for row in rows.values())
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>ddp-lab notebooks</title>
 <style>body{{font-family:sans-serif}} td,th{{padding:4px 10px;text-align:left}}
 tr.failed{{background:#fdd}} tr.ok{{background:#efe}}</style></head>
-<body><h1>ddp-lab notebooks: {passed}/{len(reports)} passed</h1>
+<body><h1>ddp-lab notebooks: {passed}/{len(rows)} passed</h1>
 <table><tr><th>notebook</th><th>status</th><th>seconds</th><th>links</th><th>error</th></tr>
-{rows}
+{table}
 </table></body></html>
 """
     index = build_dir / "index.html"
     index.parent.mkdir(parents=True, exist_ok=True)
     index.write_text(page, encoding="utf-8")
     return index
+
+
+def _merged_rows(store: Path, new: dict) -> dict:
+    """Earlier rows updated with this run's, in notebook order; written back to ``store``."""
+    try:
+        rows = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        rows = {}  # first run, or a report from before index.json existed
+    rows = dict(sorted({**rows, **new}.items()))
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return rows
 
 
 def run_all(
