@@ -71,25 +71,46 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 # --- run -------------------------------------------------------------------------------
 
 def _add_run(sub) -> None:
-    from ddp_lab.tools.demos import DEMOS
-    p = sub.add_parser("run", help="run one of the course's demos on N ranks",
-                       description="demos: " + ", ".join(sorted(DEMOS)))
-    p.add_argument("demo", help="demo name (see above)")
+    p = sub.add_parser("run", help="run one of the course's demos on N ranks", add_help=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run a course demo on N ranks; --help lists the demos.")
+    p.add_argument("-h", "--help", action=_RunHelp, help="show this help and every demo")
+    p.add_argument("demo", help="demo name (see the list below)")
     p.add_argument("-n", "--world-size", type=int, default=4, help="number of ranks")
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds before it is stopped")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before it is stopped (default 60; 5 for the demos that "
+                        "hang on purpose)")
     p.set_defaults(handler=_cmd_run)
+
+
+class _RunHelp(argparse.Action):
+    """``ddp-lab run --help`` lists every demo with one line from its docstring; read only
+    when asked, so building the parser for other commands stays cheap."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from ddp_lab.tools.demos import describe_demos
+        parser.epilog = "demos:\n" + describe_demos()
+        parser.print_help()
+        parser.exit()
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import ddp_lab
-    from ddp_lab.tools.demos import load_demo
+    from ddp_lab.tools.demos import HANGS_ON_PURPOSE, default_timeout, load_demo
+    timeout = default_timeout(args.demo) if args.timeout is None else args.timeout
     try:
         fn = load_demo(args.demo)
         res = ddp_lab.run(fn, world_size=args.world_size, backend=args.backend,
-                          timeout=args.timeout)
+                          timeout=timeout)
     except (ValueError, TypeError, ddp_lab.DistributedRunError) as exc:
         print(f"ddp-lab run {args.demo}: {exc}", file=sys.stderr)
+        if args.demo in HANGS_ON_PURPOSE and isinstance(exc, ddp_lab.WorkerTimeout):
+            print(f"(expected: {args.demo!r} hangs on purpose; the stacks above show where "
+                  "each rank waits)", file=sys.stderr)
         return 1
     for rank, value in enumerate(res.values):
         print(f"rank {rank} returned: {value!r}")
@@ -145,7 +166,12 @@ def _cmd_bench_launch(args: argparse.Namespace) -> int:
     times = bench.measure_launches(
         args.world_size, args.repeats, args.warm_repeats,
         progress=lambda name, s: print(f"  {name:<16} {s:7.3f} s", flush=True))
-    print("\n" + bench.format_report(times))
+    report = bench.format_report(times)
+    print("\n" + report)
+    if bench.missed_targets(times):
+        print("ddp-lab bench launch: a target was MISSED (see above); on a loaded machine "
+              "run it again when it is quiet", file=sys.stderr)
+        return 1
     return 0
 
 

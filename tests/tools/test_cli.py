@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_lab.tools.bench_launch import LaunchTimes, format_report, measure_launches
+from ddp_lab.tools.bench_launch import (LaunchTimes, format_report, measure_launches,
+                                        missed_targets)
 from ddp_lab.tools.cli import main
 from ddp_lab.course.ch00_launching.plots import launch_latency
 
@@ -43,11 +44,35 @@ def test_unknown_demo_lists_the_choices(capsys):
     assert "choose one of: all_gather, all_reduce, all_to_all" in capsys.readouterr().err
 
 
+def test_run_help_describes_every_demo_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  all_reduce +Every rank contributes its rank number", out, re.M)
+    assert re.search(r"^  deadlock +The classic deadlock.*hangs on purpose: stopped after 5 s",
+                     out, re.M)
+
+
+@pytest.mark.parametrize("demo", ["hang", "deadlock"])
+def test_demos_that_hang_stop_in_seconds_with_the_stacks(demo, capsys):
+    import time
+    start = time.monotonic()
+    assert main(["run", demo, "-n", "2"]) == 1
+    assert time.monotonic() - start < 40  # the 5 s default plus start-up, not 60 s
+    err = capsys.readouterr().err
+    assert "timed out after 5 s" in err, err[:800]
+    assert f"'{demo}' hangs on purpose" in err
+
+
 def test_bench_launch_reports_every_launcher_and_the_ratios():
     out = subprocess.run([sys.executable, "-m", "ddp_lab", "bench", "launch", "-n", "2",
                           "--repeats", "1", "--warm-repeats", "2"],
                          capture_output=True, text=True, timeout=200)
-    assert out.returncode == 0, out.stderr
+    # A loaded machine can miss a target: then, and only then, the exit code says so.
+    missed = "MISSED" in out.stdout
+    assert out.returncode == (1 if missed else 0), out.stderr
+    assert ("a target was MISSED" in out.stderr) == missed
     for launcher in ("torchrun", "mp.spawn script", "ddp_lab cold", "ddp_lab warm"):
         assert launcher in out.stdout
     assert "faster than torchrun (target >= 15x)" in out.stdout
@@ -75,6 +100,10 @@ def test_report_and_figure_come_from_the_measurements():
     assert times.cold_ratio == pytest.approx(2.0 / 4.5)
     report = format_report(times)
     assert "22.5x faster" in report and ": met" in report
+    assert missed_targets(times) == [] and "MISSED" not in report
+    slow = LaunchTimes(4, {"torchrun": [4.0], "ddp_lab cold": [3.0], "ddp_lab warm": [1.0]})
+    assert missed_targets(slow) == ["warm speed-up", "cold ratio"]
+    assert format_report(slow).count("MISSED") == 2
     fig = launch_latency(times)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == list(times.seconds)
