@@ -29,6 +29,7 @@ class CellRun:
     printed: str = ""
     displays: list = field(default_factory=list)   # display_data and update_display_data texts
     error: dict | None = None
+    messages: list = field(default_factory=list)  # every IOPub message, if asked to keep them
 
     @property
     def ok(self) -> bool:
@@ -44,8 +45,9 @@ def _shell_reply(client, msg_id: str, timeout: float) -> dict:
             return reply["content"]
 
 
-def execute(client, code: str, timeout: float = 120) -> CellRun:
-    """Run a cell and gather what the notebook would show for it."""
+def execute(client, code: str, timeout: float = 120, keep_messages: bool = False) -> CellRun:
+    """Run a cell and gather what the notebook would show for it (and, with
+    ``keep_messages``, the messages themselves: their headers say when each was sent)."""
     msg_id = client.execute(textwrap.dedent(code))
     run = CellRun(reply={})
     while True:
@@ -53,6 +55,8 @@ def execute(client, code: str, timeout: float = 120) -> CellRun:
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         kind, content = msg["msg_type"], msg["content"]
+        if keep_messages:
+            run.messages.append(msg)
         if kind == "stream":
             run.printed += content["text"]
         elif kind in ("display_data", "update_display_data"):

@@ -14,6 +14,7 @@ FAILURE_GRACE_S = 2.0   # after a rank fails, peers get this long to fail on the
 STACK_WAIT_S = 2.0      # how long to wait for stuck ranks to write their stacks
 KILL_WAIT_S = 3.0       # killed ranks not reported gone by then: the fork server is wedged
 END_WAIT_S = 3.0        # for the fork server to put the run's leftovers down (reaper.GRACE_S)
+DRAIN_QUIET_S = 0.5     # after the last rank exited, a pipe its child holds may be this quiet
 START_SLACK_S = 4.0     # starting the ranks may eat this much into the deadline's slack
 BOUND_SLACK_S = 15.0    # the call ends by timeout + this, whatever happens
 # The longest chain of waits after the deadline: a slow start, stacks, killed ranks, then the

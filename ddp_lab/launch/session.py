@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 
-from ddp_lab.launch.bound import (END_WAIT_S, FAILURE_GRACE_S, KILL_WAIT_S, STACK_WAIT_S,
-                                  START_SLACK_S)
+from ddp_lab.launch.bound import (DRAIN_QUIET_S, END_WAIT_S, FAILURE_GRACE_S, KILL_WAIT_S,
+                                  STACK_WAIT_S, START_SLACK_S)
 from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
 from ddp_lab.launch.echo import make_echo
 from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
@@ -154,10 +154,26 @@ class Session:
             if self.killed:
                 wakeup = now + 0.05
             else:
-                wakeup = min(deadline, self._grace_end(), heartbeat.next_at(self.started))
+                wakeup = min(deadline, self._grace_end(), heartbeat.next_at(self.started),
+                             self.echo.wake_at())
             self._pump(max(0.0, wakeup - now))
+            self.echo.tick()
             heartbeat.maybe_beat(self.started, [s.rank for s in self.ranks if s.running])
+        self._read_to_the_end()
         self.seconds = time.monotonic() - self.started
+
+    def _read_to_the_end(self) -> None:
+        """Every rank has exited, so all it printed is in its pipe, possibly much of it
+        still unread (the echo may have lagged): read each pipe to its end before the run
+        returns, or the tail of ``res.logs`` is lost. A pipe that a rank's leftover child
+        still holds open never ends: stop once it has been quiet for DRAIN_QUIET_S."""
+        quiet_until = time.monotonic() + DRAIN_QUIET_S
+        while self.output.open and time.monotonic() < min(quiet_until, self.limit):
+            outputs = self.output.read(min(quiet_until, self.limit))
+            for out in outputs:
+                self._show(out)
+            if outputs:
+                quiet_until = time.monotonic() + DRAIN_QUIET_S
 
     def _enforce(self, now: float, deadline: float) -> None:
         running = [s for s in self.ranks if s.running]

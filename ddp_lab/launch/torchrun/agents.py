@@ -159,9 +159,11 @@ class _Runner:
         self._start_due(())
         while self.output.open and time.monotonic() < deadline:
             # capped: an agent's exit does not close the pipe its workers still hold
-            for out in self.output.read(min(deadline, time.monotonic() + 0.25)):
+            for out in self.output.read(min(deadline, time.monotonic() + 0.25,
+                                            self.echo.wake_at())):
                 self._take(out)
                 self._start_due(out.lines)
+            self.echo.tick()
             if grace is not None and self._note_failure() is not None:
                 deadline = min(deadline, self.first_failure + grace)
         self.seconds = time.monotonic() - started
@@ -193,9 +195,8 @@ class _Runner:
 
     def _take(self, out: Output) -> None:
         self.outputs[out.owner].extend(out.lines)
-        for line in out.lines:
-            if not _NOT_ECHOED.match(line):
-                self.echo.line(self.labels[out.owner], line)
+        self.echo.show(self.labels[out.owner],
+                       [line for line in out.lines if not _NOT_ECHOED.match(line)])
 
     def returncodes(self, seconds: float = 5.0) -> list[int | None]:
         """Once every output ended, the agents exit right after: give them a moment."""

@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ddp_lab.launch.bound import DRAIN_QUIET_S
 from ddp_lab.launch.config import RUN_DIR_VAR, LaunchConfig, RunFiles, write_pickle
 from ddp_lab.launch.echo import make_echo
 from ddp_lab.launch.environment import loopback_env, package_pythonpath, threads_per_rank
@@ -112,10 +113,15 @@ class TorchrunSession:
         deadline = self.started + self.config.timeout
         while self.output.open:
             if time.monotonic() >= deadline:
+                if self.timed_out:
+                    break
                 self._time_out()
-                break
-            for out in self.output.read(min(deadline, heartbeat.next_at(self.started))):
+                deadline = time.monotonic() + DRAIN_QUIET_S  # what the killed ones printed
+                continue
+            for out in self.output.read(min(deadline, heartbeat.next_at(self.started),
+                                            self.echo.wake_at())):
                 self._take(out)
+            self.echo.tick()
             heartbeat.maybe_beat(self.started, list(range(self.config.world_size)))
         for out in self.output.flush():  # last lines without their newline
             self._take(out)
@@ -130,8 +136,7 @@ class TorchrunSession:
     def _take(self, out: Output) -> None:
         if out.owner is None:
             self.agent_lines.extend(out.lines)
-            for line in out.lines:
-                self.echo.line("torchrun", line)
+            self.echo.show("torchrun", out.lines)
             return
         state = self.ranks[out.owner]
         state.exit_time = time.monotonic()  # last sign of life, for the root cause order
