@@ -14,6 +14,7 @@ from ddp_lab.launch import checks
 from ddp_lab.launch.config import LaunchConfig
 from ddp_lab.launch.outcome import RunResult, conclude
 from ddp_lab.launch.session import Session
+from ddp_lab.launch.skips import warn_if_skipped
 from ddp_lab.launch.spawner import get_fork_server, get_network_fork_server
 
 
@@ -68,7 +69,7 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
                           echo=bool(echo), script=path, script_args=script_args)
     if launcher == "torchrun":
         from ddp_lab.launch.torchrun.session import run_with_torchrun
-        return run_with_torchrun(_checked_backend(config))
+        return warn_if_skipped(run_with_torchrun(_checked_backend(config)), stacklevel=3)
     return _launch(_with_network(config, network), payload=None)
 
 
@@ -125,7 +126,7 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
     with Session(config, payload) as session:
         session.start()
         session.wait()
-        return conclude(session.record())
+        return warn_if_skipped(conclude(session.record()))
 
 
 def _checked_backend(config: LaunchConfig) -> LaunchConfig:
