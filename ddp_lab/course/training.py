@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from ddp_lab.course.checkpoint import load_if_present, save_on_rank0
 from ddp_lab.course.data import load_dataset
 from ddp_lab.course.models import DigitsCNN
+from ddp_lab.launch.backends import uses_nccl
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,14 @@ class TrainConfig:
 
 
 def rank_device() -> torch.device:
-    """This rank's GPU (from LOCAL_RANK) under NCCL, else the CPU.
+    """This rank's GPU (from LOCAL_RANK) when the group sends CUDA tensors through NCCL
+    (``"nccl"``, or ``"cpu:gloo,cuda:nccl"``, which ``backend="auto"`` picks with a GPU per
+    rank and ``dist.get_backend()`` returns as it is), else the CPU.
 
     ``set_device`` comes before the model is built so that rank r never creates a CUDA
     context or allocates on GPU 0 (https://github.com/pytorch/examples/issues/969).
     """
-    if dist.get_backend() != "nccl":
+    if not uses_nccl(dist.get_backend()):
         return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local_rank)

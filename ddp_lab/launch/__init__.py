@@ -1,7 +1,7 @@
 """The launcher: runs a function or a script on several ranks from a notebook or a terminal.
 
 Read it in the order a run flows: ``api`` (run, run_script) -> ``checks`` (bad input, before
-any process) -> ``config`` (what the caller and the ranks share: settings, the run folder)
+any process; ``backends``: what "auto" picks) -> ``config`` (what the caller and the ranks share: settings, the run folder)
 -> ``environment`` (what every rank's environment holds) -> ``session`` (one run: fork
 server, rendezvous, output, deadline) -> ``spawner``/``zygote``/``channel`` (the fork server)
 -> ``worker`` (inside a rank) -> ``output`` (the one reader of child output) -> ``ranks``/

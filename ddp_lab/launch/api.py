@@ -10,7 +10,7 @@ from __future__ import annotations
 import linecache
 from dataclasses import replace
 
-from ddp_lab.launch import checks
+from ddp_lab.launch import backends, checks
 from ddp_lab.launch.config import LaunchConfig
 from ddp_lab.launch.outcome import RunResult, conclude
 from ddp_lab.launch.session import Session
@@ -78,9 +78,10 @@ def _with_network(config: LaunchConfig, network) -> LaunchConfig:
     if network is None:
         return config
     from ddp_lab.launch.network import check_network
-    if config.backend == "nccl":
+    if backends.uses_nccl(config.backend):
         raise ValueError("network= shapes gloo's TCP traffic between CPU ranks; NCCL on GPUs "
-                         "does not go through it. Use backend='gloo' (or 'auto' without GPUs).")
+                         "does not go through it. Use backend='gloo' (or 'auto', which is "
+                         "gloo with network=).")
     return replace(config, network=check_network(network, config.world_size))
 
 
@@ -114,8 +115,8 @@ def interactive_sources() -> dict:
 
 def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
     __tracebackhide__ = True
-    if config.backend == "nccl":
-        checks.check_gpus("nccl", config.world_size, _gpu_count())
+    if backends.uses_nccl(config.backend):  # else torch is imported later, in parallel
+        checks.check_gpus(config.backend, config.world_size, backends.gpu_count())
     checks.check_resources(config.world_size)
     # it imports torch while this process resolves the backend
     (get_fork_server if config.network is None else get_network_fork_server)()
@@ -130,21 +131,17 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
 
 
 def _checked_backend(config: LaunchConfig) -> LaunchConfig:
-    if config.backend == "nccl":
-        checks.check_gpus("nccl", config.world_size, _gpu_count())
+    if backends.uses_nccl(config.backend):
+        checks.check_gpus(config.backend, config.world_size, backends.gpu_count())
     checks.check_resources(config.world_size)
     return replace(config, backend=resolve_backend(config.backend, config.world_size))
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
-    """'auto': NCCL with one GPU per rank when there are enough GPUs, else gloo on CPU."""
-    if backend != "auto":
-        return backend
+    """'auto' on this machine: "cpu:gloo,cuda:nccl" with a GPU per rank, else "gloo"
+    (backends.py says how such a group behaves)."""
+    if backend != backends.AUTO:
+        return backend  # without importing torch here
     import torch.distributed as dist
-    enough_gpus = _gpu_count() >= world_size
-    return "nccl" if enough_gpus and dist.is_nccl_available() else "gloo"
-
-
-def _gpu_count() -> int:
-    import torch
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return backends.resolve_backend(backend, world_size, backends.gpu_count(),
+                                    dist.is_nccl_available())

@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-BACKENDS = ("auto", "gloo", "nccl")
+from ddp_lab.launch import backends
+
 LAUNCHERS = ("ddp_lab", "torchrun")
 # A week: a run that may hang longer is better split into checkpointed parts; and the
 # process-group timeout (timeout + 60 s) must stay a sane number of milliseconds for gloo.
@@ -34,9 +35,14 @@ def check_world_size(world_size) -> int:
 
 
 def check_backend(backend) -> str:
-    return _check_choice("backend", backend, BACKENDS,
-                         "'gloo' (CPU, works everywhere), 'nccl' (one GPU per rank) or 'auto' "
-                         "(nccl when there are enough GPUs, else gloo)")
+    if not backends.is_known(backend):
+        raise ValueError(f"unknown backend {backend!r}: use 'auto' (the default: "
+                         f"'{backends.GPU_AND_CPU}' where every rank has a GPU of its own, "
+                         "so CPU tensors go through gloo and CUDA tensors through NCCL; "
+                         "else 'gloo'), 'gloo' (CPU, works everywhere), 'nccl' (CUDA tensors "
+                         "only, one GPU per rank) or device:backend pairs of those, as "
+                         "torch writes them")
+    return backend
 
 
 def check_launcher(launcher) -> str:
@@ -158,10 +164,13 @@ def check_script(path, script_args) -> tuple[str, tuple[str, ...]]:
 
 
 def check_gpus(backend: str, world_size: int, gpu_count: int) -> None:
-    if backend == "nccl" and gpu_count < world_size:
-        raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} "
-                         f"but {gpu_count} GPU(s) are visible. Use backend='gloo' (CPU) or "
-                         "'auto', or a world_size of at most the GPU count")
+    """NCCL gives each rank a GPU of its own (two ranks on one device: NCCL refuses), so
+    a backend that sends CUDA tensors through NCCL needs as many GPUs as ranks."""
+    if backends.uses_nccl(backend) and gpu_count < world_size:
+        raise ValueError(f"backend={backend!r} needs one GPU per rank: world_size="
+                         f"{world_size} but {gpu_count} GPU(s) are visible. Use "
+                         "backend='gloo' (CPU) or 'auto' (gloo there), or a world_size of at "
+                         "most the GPU count")
 
 
 # Limits of one machine, checked before any rank is forked (DDP_LAB_SKIP_LIMITS=1 skips them).

@@ -142,7 +142,10 @@ def _call_function(spec: RankSpec, files: RunFiles):
 
 
 def _select_device(spec: RankSpec) -> None:
-    if spec.backend == "nccl":
+    """Under NCCL ("nccl", or "auto"'s "cpu:gloo,cuda:nccl") each rank owns GPU LOCAL_RANK,
+    set before any CUDA tensor: otherwise every rank's first one lands on GPU 0."""
+    from ddp_lab.launch.backends import uses_nccl
+    if uses_nccl(spec.backend):
         import torch
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 

@@ -13,9 +13,9 @@ what ``torchrun --max-restarts`` needs to recover from a lost worker.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import fields
 
-import torch
 import torch.distributed as dist
 # Before any group exists, or DDP's constructor imports it (through torch._dynamo) and its
 # functions' defaults, ``group=group.WORLD`` (torch/distributed/nn/functional.py), keep the
@@ -29,6 +29,7 @@ import torch.distributed.nn  # noqa: F401
 import ddp_lab
 from ddp_lab.course.data import load_dataset
 from ddp_lab.course.training import TrainConfig, rank_device, train
+from ddp_lab.launch.backends import machine_backend
 
 DEFAULTS = TrainConfig()
 
@@ -54,11 +55,15 @@ def parse_args(argv=None) -> TrainConfig:
 def main(argv=None) -> None:
     config = parse_args(argv)
     load_dataset(config.data)  # a bad --data fails here, before any rendezvous
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # "cpu:gloo,cuda:nccl" if each rank on this machine has a GPU of its own, else "gloo"
+    backend = machine_backend(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     dist.init_process_group(backend, init_method="env://")
     print(f"Initialized process group with rank {dist.get_rank()}.", flush=True)
     print(f"Running on rank {dist.get_rank()}. (local device: {rank_device()})", flush=True)
-    ddp_lab.report(train(config))
+    result = train(config)
+    if dist.get_rank() == 0:
+        print(f"Throughput: {result['samples_per_s']:.0f} samples/s", flush=True)
+    ddp_lab.report(result)
     dist.barrier()  # every rank is done before any of them closes its connections
     dist.destroy_process_group()
 

@@ -129,6 +129,7 @@ def test_train_cnn_script_via_run_script():
                              script_args=["--epochs", "1", "--no-progress"], timeout=120)
     assert "Initialized process group with rank 1." in res.logs[1]
     assert "Test accuracy:" in res.logs[0] and res[0]["epochs_run"] == [0]
+    assert f"Throughput: {res[0]['samples_per_s']:.0f} samples/s" in res.logs[0]
 
 
 def test_train_cnn_bad_data_fails_before_rendezvous(tmp_path):

@@ -6,7 +6,7 @@ rank 0's parameters and buffers, every forward broadcasts the buffers again, and
 averages the gradients with all_reduce while it runs: three synchronization points that
 every rank must reach, in the same order. The GPU path (device from LOCAL_RANK,
 ``set_device`` before the model exists, ``device_ids=[local_rank]``) is taken whenever the
-group runs NCCL.
+group sends CUDA tensors through NCCL.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_lab.course.models import ToyModel, ToyMpModel
 from ddp_lab.course.params import device_ids, flat_grads, flat_params
 from ddp_lab.course.training import rank_device
+from ddp_lab.launch.backends import uses_nccl
 
 SYNC_POINTS = ("construct", "forward", "backward")
 
@@ -172,7 +173,7 @@ _FRAME = re.compile(r'File "[^"]*", line \d+, in (\w+)\n\s+(.*)')
 def model_parallel_devices() -> tuple:
     """(dev0, dev1) for the tutorial's ToyMpModel: GPUs 2*local_rank and 2*local_rank + 1 under
     NCCL (each process owns two GPUs), both "cpu" under gloo."""
-    if dist.get_backend() != "nccl":
+    if not uses_nccl(dist.get_backend()):
         return "cpu", "cpu"
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     dev0, dev1 = 2 * local_rank, 2 * local_rank + 1
