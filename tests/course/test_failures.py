@@ -133,8 +133,10 @@ def test_mismatches_by_default_and_under_detail():
     assert mismatches.try_mismatch("reduce op", mismatches.DETAIL)[0] == "no error"
 
 
-def test_monitored_barrier_names_every_missing_rank():
-    values = ddp_lab.run(mismatches.stuck_ranks_at_barrier, 4, timeout=30, echo=False).values
+@pytest.mark.parametrize("backend", ["gloo", "cpu:gloo"])  # the second: a gloo subgroup
+def test_monitored_barrier_names_every_missing_rank(backend):
+    values = ddp_lab.run(mismatches.stuck_ranks_at_barrier, 4, timeout=30, echo=False,
+                         backend=backend).values
     assert "Ranks 1, 3 failed to pass monitoredBarrier" in values[0]
     assert values[1] == values[3] == "was busy elsewhere"
 

@@ -99,12 +99,15 @@ def stuck_ranks_at_barrier(stuck=(1, 3), stuck_s: float = 2.5, wait_s: float = 1
     """Ranks in ``stuck`` are busy elsewhere for ``stuck_s``; the others call
     ``monitored_barrier``, whose rank 0 names every rank that did not arrive in ``wait_s``.
     Returns this rank's outcome (the error text where there is one)."""
+    # torch refuses monitored_barrier unless dist.get_backend(group) is "gloo": under NCCL,
+    # or "cpu:gloo,cuda:nccl" (backend="auto" with a GPU per rank), every rank first makes
+    # a gloo group for it
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     if dist.get_rank() in stuck:
         time.sleep(stuck_s)  # stuck in data loading, a deadlock, an infinite loop...
         return "was busy elsewhere"
     try:
-        # gloo only; under NCCL, pass group=dist.new_group(backend="gloo")
-        dist.monitored_barrier(timeout=timedelta(seconds=wait_s), wait_all_ranks=True)
+        dist.monitored_barrier(group, timeout=timedelta(seconds=wait_s), wait_all_ranks=True)
         return "passed"
     except RuntimeError as exc:
         return str(exc).split("\n Original exception")[0]
