@@ -32,19 +32,24 @@ SPAWN_CALL_ADVICE = (
 REDIRECTED_SCHEMES = ("env", "tcp")  # file:// needs no port, so it is used as written
 
 
-def spawn(fn, args=(), nprocs: int = 2, timeout: float = 60.0, *, join: bool = True,
-          daemon: bool = False, start_method: str = "spawn", env=None, echo: bool = True):
+def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
+          start_method: str = "spawn", *, timeout: float = 60.0, env=None,
+          echo: bool = True):
     """Call ``fn(rank, *args)`` on ``nprocs`` ranks; fn initializes its own process group.
 
-    A drop-in for ``torch.multiprocessing.spawn(fn, args, nprocs)`` that works in a notebook
-    too. Returns a RunResult (``.values``: fn's return value per rank). ``daemon`` and
-    ``start_method`` are accepted and ignored: ranks are always fresh processes forked from
-    ddp_lab's fork server, and never outlive the launcher. ``join=False`` is refused.
+    ``torch.multiprocessing.spawn``'s signature and defaults, positional and keyword (a
+    test holds the two side by side), so a script written for ``mp.spawn`` runs with its
+    import line changed; ddp_lab's own options are keyword-only. Returns a RunResult
+    (``.values``: fn's return value per rank) where ``mp.spawn`` returns None. With
+    ``join=False`` it returns at once a SpawnContext whose ``join()`` waits, as
+    ``mp.spawn``'s ProcessContext does. ``daemon`` and ``start_method`` are checked and
+    otherwise ignored: ranks are always fresh processes forked from ddp_lab's fork server,
+    and never outlive the launcher.
     """
     __tracebackhide__ = True
     from ddp_lab.launch.api import _launch, pickle_payload
     checks.check_callable(fn)
-    _check_mp_options(join, start_method)
+    _check_mp_options(join, daemon, start_method)
     config = LaunchConfig(world_size=checks.check_world_size(nprocs), backend="auto",
                           timeout=checks.check_timeout(timeout), env=checks.check_env(env),
                           echo=bool(echo), init_group=False)
@@ -52,15 +57,20 @@ def spawn(fn, args=(), nprocs: int = 2, timeout: float = 60.0, *, join: bool = T
     payload = pickle_payload(functools.partial(call_on_rank, fn), args, {})
     checks.check_signature(fn, (0, *args), {}, SPAWN_CALL_ADVICE,
                            call=f"fn(rank, *args), args={args!r}")
+    if not join:
+        from ddp_lab.launch.spawn_context import SpawnContext
+        return SpawnContext(functools.partial(_launch, config, payload))
     return _launch(config, payload)
 
 
-def _check_mp_options(join, start_method) -> None:
-    if join is not True:
-        raise ValueError("join=False is not supported: mp.spawn then hands back a "
-                         "ProcessContext to join later, but ddp_lab.spawn always waits for "
-                         "the ranks and returns their values; call it with join=True (the "
-                         "default)")
+def _check_mp_options(join, daemon, start_method) -> None:
+    """mp.spawn's own options: a wrong type here is a typo or a shifted positional
+    argument (ddp_lab.spawn's 4th was timeout once), so it fails before anything starts."""
+    for name, value in (("join", join), ("daemon", daemon)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False (as in torch.multiprocessing."
+                            f"spawn), got {value!r}; ddp_lab's timeout is keyword-only: "
+                            "spawn(fn, args, nprocs, timeout=...)")
     if start_method not in START_METHODS:
         raise ValueError(f"unknown start_method {start_method!r}: torch.multiprocessing "
                          f"knows {', '.join(START_METHODS)} (ddp_lab ignores it: ranks are "

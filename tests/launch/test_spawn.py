@@ -220,7 +220,8 @@ def no_rank_parameter():
 
 
 @pytest.mark.parametrize("call, error, words", [
-    ({"join": False}, ValueError, "join=False is not supported"),
+    ({"join": 60.0}, TypeError, "timeout is keyword-only"),
+    ({"daemon": "yes"}, TypeError, "daemon must be True or False"),
     ({"start_method": "thread"}, ValueError, "unknown start_method"),
     ({"nprocs": 0}, ValueError, "at least 1"),
     ({"args": 2}, TypeError, r"args=\(x,\)"),
@@ -233,3 +234,133 @@ def test_bad_spawn_input_is_rejected_before_any_process_starts(call, error, word
     with pytest.raises(error, match=words):
         ddp_lab.spawn(call.pop("fn"), **call)
     assert _children() <= before
+
+
+# ---- torch.multiprocessing.spawn's signature, and code written for it -----------------
+
+def test_spawn_has_mp_spawns_signature_and_defaults():
+    import inspect
+
+    import torch.multiprocessing as mp
+    theirs = list(inspect.signature(mp.spawn).parameters.values())
+    ours = list(inspect.signature(ddp_lab.spawn).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours[:len(theirs)]] == \
+        [(p.name, p.kind, p.default) for p in theirs]
+    extra = ours[len(theirs):]
+    assert extra[0].name == "timeout"
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
+
+
+def rank_and_world(rank, world_size=None):
+    if world_size is not None:
+        setup(rank, world_size)
+        dist.barrier()
+        cleanup()
+    return rank
+
+
+def test_spawn_positionally_as_mp_spawn_is_called():
+    """``spawn(fn, args, nprocs, join)`` and the default nprocs=1, as mp.spawn takes them."""
+    assert ddp_lab.spawn(rank_and_world, (2,), 2, True, echo=False).values == [0, 1]
+    assert ddp_lab.spawn(rank_and_world, echo=False).values == [0]
+
+
+def test_join_false_returns_a_context_to_join():
+    context = ddp_lab.spawn(rank_and_world, args=(2,), nprocs=2, join=False, echo=False)
+    while not context.join(timeout=0.05):
+        pass
+    assert context.join() is True  # joined already: True again, as mp's does
+    assert context.values == [0, 1]
+
+
+def test_join_false_raises_the_ranks_error_from_join():
+    context = ddp_lab.spawn(crash_on_rank_one, args=(2,), nprocs=2, join=False, echo=False)
+    with pytest.raises(ddp_lab.WorkerError, match="corrupt batch") as caught:
+        context.join()
+    assert caught.value.rank == 1
+
+
+def write_pid_then_sleep(rank, folder):
+    with open(os.path.join(folder, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)
+
+
+def test_an_interrupt_in_join_stops_every_rank_and_reraises(tmp_path):
+    import signal
+
+    from conftest import wait_until_gone
+
+    def interrupt_when_started():
+        while len(list(tmp_path.glob("rank*.pid"))) < 2:
+            time.sleep(0.05)
+        time.sleep(0.2)  # their pid files are written and closed
+        os.kill(os.getpid(), signal.SIGINT)
+
+    context = ddp_lab.spawn(write_pid_then_sleep, args=(str(tmp_path),), nprocs=2,
+                            join=False, echo=False)
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        context.join()
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    assert len(pids) == 2 and wait_until_gone(pids, seconds=1.0) == []
+
+
+# What a published mp.spawn script looks like (pytorch/examples' and the tutorial's shape):
+# only its import line changes to run on ddp_lab, and it relies on nprocs's default too.
+MP_SPAWN_SCRIPT = """
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '12355'
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    print(f"rank {rank} of {world_size}: sum {t.item():g}")
+    dist.destroy_process_group()
+
+
+def alone(rank):
+    print(f"alone as rank {rank}")
+
+
+if __name__ == "__main__":
+    world_size = int(sys.argv[1])
+    mp.spawn(worker, args=(world_size,), nprocs=world_size, join=True)
+    mp.spawn(alone)
+    context = mp.spawn(worker, (world_size,), world_size, False)
+    while not context.join():
+        pass
+    print("done")
+"""
+
+
+@pytest.mark.parametrize("import_line", ["import torch.multiprocessing as mp",
+                                         "import ddp_lab as mp"])
+def test_an_mp_spawn_script_runs_with_only_its_import_changed(tmp_path, import_line):
+    import subprocess
+    import sys
+    script = tmp_path / "mp_script.py"
+    source = MP_SPAWN_SCRIPT.replace("import torch.multiprocessing as mp", import_line)
+    script.write_text(source)
+    with PortTaken() if import_line.startswith("import ddp_lab") else _nothing():
+        done = subprocess.run([sys.executable, str(script), "2"], capture_output=True,
+                              text=True, timeout=150, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("rank 1 of 2: sum 3") == 2, done.stdout
+    assert "alone as rank 0" in done.stdout and done.stdout.rstrip().endswith("done")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
