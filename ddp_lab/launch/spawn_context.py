@@ -64,7 +64,9 @@ class SpawnContext:
         if not self._done.is_set():
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._thread.ident),
                                                        ctypes.py_object(KeyboardInterrupt))
-        self._done.wait()
+        # the thread may take it on its very last lines, before it sets _done
+        while not self._done.wait(0.1) and self._thread.is_alive():
+            pass
 
     @property
     def result(self):
