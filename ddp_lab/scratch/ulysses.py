@@ -1,0 +1,82 @@
+"""Ulysses sequence parallelism (DeepSpeed-Ulysses, https://arxiv.org/abs/2309.14509):
+attention over a sequence split across ranks, by trading the split for one over heads.
+
+Attention mixes positions but never heads. So one all-to-all turns "every head, my
+positions" into "my heads, every position"; each rank runs ordinary attention on whole
+sequences of its heads; a second all-to-all turns the output back into "every head, my
+positions". Heads must divide by the number of ranks.
+
+An all-to-all's backward is the inverse all-to-all of the gradient. The gradient is made
+contiguous first: autograd may hand a function a strided gradient, and a collective that
+reads its buffer as flat memory would send the wrong numbers (notebook 12 shows this
+happening to ``torch.distributed.nn.functional.all_gather`` on gloo).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def _exchange(x: torch.Tensor, group) -> torch.Tensor:
+    """all_to_all_single along dim 0: block j goes to rank j, block j comes from rank j."""
+    x = x.contiguous()
+    out = torch.empty_like(x)  # like a contiguous x: empty_like keeps a view's strides
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def seq_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
+    """(batch, heads, seq/n, dim) on every rank -> (batch, heads/n, seq, dim): this rank's
+    heads over the whole sequence (positions in rank order). Not differentiable: see
+    :func:`ulysses_attention`."""
+    world = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    if h % world:
+        raise ValueError(f"{h} heads do not split over {world} ranks: Ulysses needs heads "
+                         f"divisible by the number of ranks")
+    blocks = x.reshape(b, world, h // world, s, d).transpose(0, 1)  # block j: head group j
+    got = _exchange(blocks, group)                                   # got[j]: rank j's positions
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * s, d)
+
+
+def heads_to_seq(x: torch.Tensor, group=None) -> torch.Tensor:
+    """The inverse: (batch, heads/n, seq, dim) -> (batch, heads, seq/n, dim)."""
+    world = dist.get_world_size(group)
+    b, h, s, d = x.shape
+    blocks = x.reshape(b, h, world, s // world, d).permute(2, 0, 1, 3, 4)  # block j: rank j's positions
+    got = _exchange(blocks, group)                                         # got[j]: head group j
+    return got.transpose(0, 1).reshape(b, h * world, s // world, d)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return seq_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return heads_to_seq(grad.contiguous(), ctx.group), None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return heads_to_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return seq_to_heads(grad.contiguous(), ctx.group), None
+
+
+def ulysses_attention(q, k, v, causal: bool = False, group=None):
+    """Softmax attention over the whole sequence from this rank's contiguous shard of it:
+    q, k, v (batch, heads, seq_local, head_dim), shards in rank order; returns this rank's
+    output rows. Differentiable; 4 all-to-alls forward (q, k, v in, the output back), 4 in
+    backward."""
+    q, k, v = (_SeqToHeads.apply(t, group) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return _HeadsToSeq.apply(out, group)
