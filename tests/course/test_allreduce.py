@@ -50,6 +50,19 @@ def test_every_algorithm_equals_all_reduce(world):
                 torch.testing.assert_close(got, expected, msg=f"{name} vs reference")
 
 
+@pytest.mark.skipif(not (torch.distributed.is_nccl_available()
+                         and torch.cuda.device_count() >= 2), reason="needs 2 GPUs and NCCL")
+def test_every_algorithm_runs_on_cuda_tensors_under_nccl():
+    # The scratch buffers follow the tensor's device: a CPU buffer would make the NCCL irecv
+    # fail ("No backend type associated with device type cpu").
+    res = ddp_lab.run(ar.compare_with_builtin, world_size=2, backend="nccl",
+                      args=((10,), torch.float32, 0, False, "cuda"), echo=False)
+    expected = reference((10,), torch.float32, 2)
+    for out in res.values:
+        for name, (got, _) in out.items():
+            torch.testing.assert_close(got, expected, msg=name)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_bytes_sent_match_the_prediction(world):
     numel = 12  # divisible by 2, 3 and 4: the chunked prediction is exact

@@ -73,8 +73,9 @@ def test_subgroups_sum_within_even_and_odd_ranks(n):
 def test_probe_backends_agrees_with_this_torch():
     [table] = run(processes.probe_backends, 1)
     assert table["gloo"] == {"compiled": True, "works": "yes"}
-    compiled = {"nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()}
-    for name, available in compiled.items():
+    assert set(table) == {"gloo", "nccl", "mpi", "ucc", "xccl"}
+    for name in ("nccl", "mpi", "ucc", "xccl"):
+        available = getattr(dist, f"is_{name}_available")()
         assert table[name]["compiled"] == available
         if not available:
             assert table[name]["works"].startswith("no: ")

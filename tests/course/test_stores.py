@@ -93,3 +93,10 @@ def test_register_in_a_store(n, kind, tmp_path):
     assert len({v["leader"] for v in values}) == 1 and 0 <= values[0]["leader"] < n
     assert all(v["roster"] == values[0]["roster"] for v in values)
     assert len(set(values[0]["roster"])) == n  # n processes, n distinct pids
+
+
+def test_compare_set_returns_expected_on_an_absent_key_and_stores_nothing():
+    rows = {(r["before"], r["expected"]): (r["returned"], r["stored"])
+            for r in stores.compare_set_cases()}
+    assert rows == {(None, ""): ("mine", "mine"), (None, "x"): ("x", None),
+                    ("x", "x"): ("mine", "mine"), ("x", "z"): ("x", "x")}

@@ -15,7 +15,10 @@ import sys
 import time
 from contextlib import redirect_stdout
 
-BACKENDS = ("gloo", "nccl", "mpi")  # the three ProcessGroup implementations in c10d
+# The backends torch 2.13 builds in (Backend.backend_list in distributed_c10d.py, less
+# "fake", a test double); third-party ones come in through dist.Backend.register_backend.
+BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+DEVICE = {"nccl": "cuda", "xccl": "xpu"}  # the only tensors they move (backend_capability)
 
 
 # -- ranks and groups ------------------------------------------------------------------
@@ -30,8 +33,9 @@ def rank_lines() -> list[str]:
 def subgroups() -> dict:
     """Split the world into even and odd ranks with ``dist.new_group`` and sum within each.
 
-    ``new_group`` is itself collective: every rank must call it for every group, members or
-    not, in the same order. A subgroup reuses the default group's store, so it cannot
+    ``new_group`` is itself collective by default: every rank must call it for every group,
+    members or not, in the same order (``use_local_synchronization=True`` lets only the
+    members call it). A subgroup reuses the default group's store, so it cannot
     switch to another init method (see ``stores.join_group``).
     """
     import torch
@@ -51,8 +55,7 @@ def probe_backends() -> dict[str, dict]:
     really all_reduce here? Run it on one rank: it replaces that rank's default group."""
     import torch.distributed as dist
     dist.destroy_process_group()
-    compiled = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
-                "mpi": dist.is_mpi_available()}
+    compiled = {name: getattr(dist, f"is_{name}_available")() for name in BACKENDS}
     return {name: {"compiled": compiled[name], "works": _try_backend(name)} for name in BACKENDS}
 
 
@@ -61,8 +64,7 @@ def _try_backend(name: str) -> str:
     import torch.distributed as dist
     try:
         dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1)
-        device = "cuda" if name == "nccl" else "cpu"  # NCCL only moves GPU tensors
-        dist.all_reduce(torch.ones(1, device=device))
+        dist.all_reduce(torch.ones(1, device=DEVICE.get(name, "cpu")))
         return "yes"
     except Exception as exc:  # noqa: BLE001 - the reason it fails is the answer
         return f"no: {str(exc).splitlines()[0]}"

@@ -167,6 +167,28 @@ def register_in_ranks(rdv: Rendezvous, world_size: int = 4, echo: bool = True):
         register, world_size=world_size, args=(r,), timeout=60, echo=echo))
 
 
+COMPARE_SET_CASES = (  # (key already stored, expected, desired)
+    (None, "", "mine"), (None, "x", "mine"), ("x", "x", "mine"), ("x", "z", "mine"))
+
+
+def compare_set_cases() -> list[dict]:
+    """What ``compare_set(key, expected, desired)`` returns and leaves stored, case by case,
+    on a fresh in-process ``HashStore`` (TCPStore and FileStore answer the same). Its
+    docstring gives the rule for storing, not the return value: an absent key with a
+    non-empty ``expected`` stores nothing and returns ``expected``."""
+    import torch.distributed as dist
+    rows = []
+    for before, expected, desired in COMPARE_SET_CASES:
+        store = dist.HashStore()
+        if before is not None:
+            store.set("key", before)
+        returned = store.compare_set("key", expected, desired).decode()
+        stored = store.get("key").decode() if store.check(["key"]) else None
+        rows.append({"before": before, "expected": expected, "desired": desired,
+                     "returned": returned, "stored": stored})
+    return rows
+
+
 def main(argv=None) -> None:
     """``python stores.py KIND [PORT [PATH]]`` on every rank (torchrun, run_script)."""
     from ddp_lab import report

@@ -10,6 +10,7 @@ sends so the notebook can compare them with the prediction. The timing sweep liv
 
 from __future__ import annotations
 
+import os
 
 import torch
 import torch.distributed as dist
@@ -112,7 +113,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, link: Link | None = None,
     link = link or Link(group)
     flat = _flat(tensor)
     chunks = torch.tensor_split(flat, link.world)  # contiguous views, sizes differ by <= 1
-    scratch = torch.empty(chunks[0].numel(), dtype=flat.dtype)
+    scratch = torch.empty(chunks[0].numel(), dtype=flat.dtype, device=flat.device)
     _ring_phase(link, chunks, scratch, "reduce-scatter", on_step, flat)
     _ring_phase(link, chunks, scratch, "all-gather", on_step, flat)
     return _write_back(tensor, flat)
@@ -139,12 +140,14 @@ def halving_doubling(tensor: torch.Tensor, group=None, link: Link | None = None)
     """Recursive halving then doubling (Rabenseifner) for power-of-two N: exchange half the
     segment with the partner at distance N/2, N/4, ..., 1 (reduce-scatter in log2 N steps),
     then retrace the steps swapping summed halves (all-gather). Same 2(N-1)/N bytes as the
-    ring, but log2 N messages per phase instead of N-1: better when latency dominates."""
+    ring, but log2 N messages per phase instead of N-1 (MPICH uses it for long messages,
+    where the bytes dominate; for short ones it uses recursive doubling on the whole
+    vector: Thakur, Rabenseifner & Gropp, 2005)."""
     link = link or Link(group)
     if link.world & (link.world - 1):
         raise ValueError(f"halving_doubling needs a power-of-two world size, got {link.world}")
     flat = _flat(tensor)
-    scratch = torch.empty((flat.numel() + 1) // 2, dtype=flat.dtype)
+    scratch = torch.empty((flat.numel() + 1) // 2, dtype=flat.dtype, device=flat.device)
     segments = _halve(link, flat, scratch)
     _double(link, flat, segments)
     return _write_back(tensor, flat)
@@ -202,20 +205,24 @@ def _rank_tensor(shape, dtype, seed: int = 0) -> torch.Tensor:
 
 
 def compare_with_builtin(shape=(10,), dtype=torch.float32, seed: int = 0,
-                         transposed: bool = False) -> dict:
+                         transposed: bool = False, device: str = "cpu") -> dict:
     """Run every algorithm that fits this world size on the same data as ``dist.all_reduce``
-    and return {name: (result, bytes sent)} plus the built-in's result under "builtin"."""
-    mine, world, out = _rank_tensor(shape, dtype, seed), dist.get_world_size(), {}
+    and return {name: (result, bytes sent)} plus the built-in's result under "builtin".
+    ``device="cuda"``: on this rank's GPU (LOCAL_RANK), for a group that moves CUDA tensors
+    through NCCL; results come back on the CPU."""
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    mine, world, out = _rank_tensor(shape, dtype, seed).to(device), dist.get_world_size(), {}
     for name, algorithm in ALGORITHMS.items():
         if name == "halving_doubling" and world & (world - 1):
             continue
         tensor = mine.clone().t() if transposed else mine.clone()  # t(): not contiguous
         link = Link()
         algorithm(tensor, link=link)
-        out[name] = (tensor.t() if transposed else tensor, link.bytes_sent)
+        out[name] = ((tensor.t() if transposed else tensor).cpu(), link.bytes_sent)
     builtin = mine.clone()
     dist.all_reduce(builtin)
-    out["builtin"] = (builtin, 0)
+    out["builtin"] = (builtin.cpu(), 0)
     return out
 
 
