@@ -8,3 +8,4 @@ from ddp_lab.scratch.sharded_optimizer import ShardedOptimizer
 from ddp_lab.scratch.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from ddp_lab.scratch.ring_attention import ring_attention
 from ddp_lab.scratch.ulysses import ulysses_attention
+from ddp_lab.scratch.moe import MoE

@@ -1,0 +1,151 @@
+"""A mixture-of-experts layer with expert parallelism (GShard, https://arxiv.org/abs/2006.16668;
+Switch Transformer, https://arxiv.org/abs/2101.03961).
+
+A router scores every token against ``n_experts`` small MLPs and sends it to its ``top_k``
+best; the output is the router-probability-weighted sum of those experts' outputs. With
+expert parallelism each rank holds ``n_experts / world`` of the experts, so tokens travel:
+
+1. each rank counts how many of its tokens go to each expert, and the ranks exchange those
+   counts (an all-to-all of a few integers): every rank must know how much it will receive
+   before the variable-size all-to-all;
+2. **dispatch**: ``all_to_all_single`` with those split sizes sends each token's vector to
+   the rank of its expert;
+3. each rank runs its experts on what it received;
+4. **combine**: the reverse all-to-all brings the results home, weighted and summed per token.
+
+``capacity_factor``: each expert takes at most ``ceil(cf * tokens * top_k / n_experts)`` of a
+rank's tokens (first choices first, then in token order); the rest are dropped (their
+contribution is zero, a residual connection outside carries the token on). After a forward,
+``stats`` holds the counts and ``aux_loss`` Switch's load-balancing loss. The router is
+replicated: its gradient here comes from this rank's tokens (averaged by DDP like any
+replicated parameter); an expert's gradient comes from every rank's tokens routed to it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with split sizes; backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, x, send_splits, recv_splits, group):
+        ctx.splits, ctx.group = (send_splits, recv_splits), group
+        return all_to_all(x, send_splits, recv_splits, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_splits, recv_splits = ctx.splits
+        return all_to_all(grad.contiguous(), recv_splits, send_splits, ctx.group), None, None, None
+
+
+def all_to_all(x, send_splits: list[int], recv_splits: list[int], group=None):
+    """Rows ``x[sum(send_splits[:j]):...]`` go to rank j; returns the rows received, in rank
+    order (``sum(recv_splits)`` of them)."""
+    out = x.new_empty((sum(recv_splits), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
+    return out
+
+
+def exchange_counts(counts: torch.Tensor, group=None) -> torch.Tensor:
+    """``counts[j, e]``: rows this rank sends to local expert e of rank j -> ``got[j, e]``:
+    rows it will receive from rank j for its own expert e."""
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts.contiguous(), group=group)
+    return got
+
+
+@dataclass
+class RouterStats:
+    """One forward's routing on this rank: assignments each expert was asked for, how many it
+    kept (at most ``capacity``), and ``dropped = requested - kept`` in total."""
+
+    requested: list[int]
+    kept: list[int]
+    capacity: int | None
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.requested) - sum(self.kept)
+
+
+def _expert(d_model: int, d_hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(d_model, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_model))
+
+
+def keep_within_capacity(expert_of: torch.Tensor, n_experts: int, capacity: int | None):
+    """A mask over (token, slot) assignments: the first ``capacity`` per expert, first
+    choices before second choices, each in token order."""
+    if capacity is None:
+        return torch.ones_like(expert_of, dtype=torch.bool)
+    slot_major = expert_of.t().reshape(-1)
+    one_hot = nn.functional.one_hot(slot_major, n_experts)
+    position = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # place in its expert's queue
+    return (position < capacity).reshape(expert_of.t().shape).t()
+
+
+class MoE(nn.Module):
+    def __init__(self, d_model: int, d_hidden: int, n_experts: int, top_k: int = 2,
+                 capacity_factor: float | None = None, group=None):
+        super().__init__()
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if n_experts % world:
+            raise ValueError(f"{n_experts} experts do not split over {world} ranks: choose "
+                             "n_experts divisible by the world size")
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k={top_k} must be between 1 and n_experts={n_experts}")
+        self.n_experts, self.top_k, self.capacity_factor, self.group = n_experts, top_k, capacity_factor, group
+        self.world, self.local = world, n_experts // world
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        every = [_expert(d_model, d_hidden) for _ in range(n_experts)]  # same RNG use as one process
+        self.first_expert = rank * self.local
+        self.experts = nn.ModuleList(every[self.first_expert:self.first_expert + self.local])
+        self.stats: RouterStats | None = None
+        self.aux_loss: torch.Tensor | None = None
+
+    def capacity(self, tokens: int) -> int | None:
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * tokens * self.top_k / self.n_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        probs = self.router(flat).softmax(dim=-1)
+        gate, expert_of = probs.topk(self.top_k, dim=-1)          # (tokens, top_k)
+        keep = keep_within_capacity(expert_of, self.n_experts, self.capacity(len(flat)))
+        self._record(probs, expert_of, keep, len(flat))
+        token, slot = keep.nonzero(as_tuple=True)
+        experts = expert_of[token, slot]
+        order = torch.argsort(experts, stable=True)               # grouped by expert, so by rank
+        token, slot, experts = token[order], slot[order], experts[order]
+        y = self._run_experts(flat[token], experts)
+        out = torch.zeros_like(flat).index_add(0, token, y * gate[token, slot].unsqueeze(-1))
+        return out.reshape(x.shape)
+
+    def _run_experts(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """Dispatch ``rows`` (sorted by expert) to their experts' ranks, run them, combine."""
+        counts = torch.bincount(experts, minlength=self.n_experts).reshape(self.world, self.local)
+        got = exchange_counts(counts, self.group)                 # (source rank, local expert)
+        send, recv = counts.sum(1).tolist(), got.sum(1).tolist()
+        arrived = _AllToAll.apply(rows, send, recv, self.group)
+        local_expert = torch.repeat_interleave(
+            torch.arange(self.local).repeat(self.world), got.reshape(-1))
+        done = torch.zeros_like(arrived)
+        for e, expert in enumerate(self.experts):
+            mine = (local_expert == e).nonzero(as_tuple=True)[0]
+            done = done.index_add(0, mine, expert(arrived[mine]))
+        return _AllToAll.apply(done, recv, send, self.group)
+
+    def _record(self, probs, expert_of, keep, tokens: int) -> None:
+        requested = torch.bincount(expert_of.reshape(-1), minlength=self.n_experts)
+        kept = torch.bincount(expert_of[keep], minlength=self.n_experts)
+        self.stats = RouterStats(requested.tolist(), kept.tolist(), self.capacity(tokens))
+        # Switch's loss: n_experts * sum_e (share of assignments to e) * (mean probability of e)
+        share = requested.to(probs.dtype) / (tokens * self.top_k)
+        self.aux_loss = self.n_experts * (share * probs.mean(dim=0)).sum()
