@@ -212,11 +212,14 @@ EXERCISES = (
         summary="zero1_step(params, owners, local_optimizer): update your share, then share it",
         hint="local_optimizer.step() if you own anything, then for every parameter "
              "dist.broadcast(p.data, src=owners[i]) on every rank.",
-        solution=zero1_step, checker=check_zero1_step),
+        solution=zero1_step, checker=check_zero1_step,
+        answered_by=("ddp_lab.scratch.sharded_optimizer:ShardedOptimizer.step",)),
     Exercise(
         name="10.shard_gradient", notebook="10_sharding",
         summary="shard_gradient(full_grad): this rank's averaged shard, by one reduce-scatter",
         hint="flatten, F.pad to a multiple of world_size, dist.reduce_scatter_tensor into a "
              "buffer of numel // world_size, then divide by world_size.",
-        solution=shard_gradient, checker=check_shard_gradient),
+        solution=shard_gradient, checker=check_shard_gradient,
+        answered_by=("ddp_lab.scratch.fsdp:_GatherParam.backward",
+                     "ddp_lab.scratch.fsdp:FSDP.sync_gradients")),
 )

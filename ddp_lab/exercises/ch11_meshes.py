@@ -128,5 +128,7 @@ EXERCISES = (
         summary="row_parallel_linear(x_slice, weight_slice, bias): full output, gradients to the slices",
         hint="partial = x_slice @ weight_slice.T; all-reduce a detached copy; return a tensor whose "
              "value is the sum and whose gradient flows to partial unchanged, plus the bias once.",
-        solution=row_parallel_linear, checker=check_row_parallel),
+        solution=row_parallel_linear, checker=check_row_parallel,
+        answered_by=("ddp_lab.scratch.tensor_parallel:_ReduceFromParallel",
+                     "ddp_lab.scratch.tensor_parallel:RowParallelLinear.forward")),
 )

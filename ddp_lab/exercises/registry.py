@@ -27,6 +27,8 @@ class Exercise:
     distributed) and returns a one-paragraph report, or raises :class:`ExerciseFailed`.
     ``solution`` is the reference solution: a function with the same signature as the stub.
     ``hint`` is shown when the check meets a stub (not solved yet).
+    ``answered_by`` names the course code whose source answers the exercise
+    (``"module:Qualified.name"``): its notebook shows that source only after the check.
     """
 
     name: str
@@ -35,6 +37,7 @@ class Exercise:
     hint: str
     solution: Callable
     checker: Callable[[Callable], str]
+    answered_by: tuple[str, ...] = ()
 
 
 def all_exercises() -> dict[str, Exercise]:
