@@ -10,6 +10,7 @@
 from ddp_lab.launch.errors import (DistributedRunError, ForkServerUnresponsive, UnreadableResult,
                                    WorkerError, WorkerTimeout)
 from ddp_lab.launch.api import run, run_script
+from ddp_lab.launch.live.handle import Ranks
 from ddp_lab.launch.magic import load_ipython_extension
 from ddp_lab.launch.network import Network, NetworkUnavailable
 from ddp_lab.launch.outcome import RunResult
@@ -18,7 +19,7 @@ from ddp_lab.launch.spawn import spawn
 from ddp_lab.launch.spawner import shutdown
 from ddp_lab.launch.worker import report
 
-__all__ = ["run", "run_script", "spawn", "report", "RunResult", "DistributedRunError",
+__all__ = ["run", "run_script", "spawn", "report", "Ranks", "RunResult", "DistributedRunError",
            "WorkerError", "WorkerTimeout", "UnreadableResult", "ForkServerUnresponsive",
            "shutdown", "progress", "load_ipython_extension", "Network", "NetworkUnavailable"]
 __version__ = "0.1.0"

@@ -36,7 +36,7 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     args, kwargs = checks.check_call_args(args, kwargs)
     payload = pickle_payload(fn, args, kwargs)
     checks.check_signature(fn, args, kwargs, RUN_CALL_ADVICE)
-    return _launch(_with_network(config, network), payload)
+    return _launch(with_network(config, network), payload)
 
 
 RUN_CALL_ADVICE = (
@@ -70,10 +70,10 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
     if launcher == "torchrun":
         from ddp_lab.launch.torchrun.session import run_with_torchrun
         return warn_if_skipped(run_with_torchrun(_checked_backend(config)), stacklevel=3)
-    return _launch(_with_network(config, network), payload=None)
+    return _launch(with_network(config, network), payload=None)
 
 
-def _with_network(config: LaunchConfig, network) -> LaunchConfig:
+def with_network(config: LaunchConfig, network) -> LaunchConfig:
     """The checked network (None: loopback); errors here come before any process starts."""
     if network is None:
         return config
@@ -115,6 +115,16 @@ def interactive_sources() -> dict:
 
 def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
     __tracebackhide__ = True
+    config = prepare(config)
+    with Session(config, payload) as session:
+        session.start()
+        session.wait()
+        return warn_if_skipped(conclude(session.record()))
+
+
+def prepare(config: LaunchConfig) -> LaunchConfig:
+    """The last checks before ranks start (GPUs, this machine's limits), the fork server
+    on its way, and the backend resolved: the config the ranks get (live ranks too)."""
     if backends.uses_nccl(config.backend):  # else torch is imported later, in parallel
         checks.check_gpus(config.backend, config.world_size, backends.gpu_count())
     checks.check_resources(config.world_size)
@@ -123,11 +133,7 @@ def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
     backend = resolve_backend(config.backend, config.world_size)
     if config.network is not None:
         backend = "gloo"  # shaped links carry TCP: gloo, never NCCL over NVLink/PCIe
-    config = replace(config, backend=backend)
-    with Session(config, payload) as session:
-        session.start()
-        session.wait()
-        return warn_if_skipped(conclude(session.record()))
+    return replace(config, backend=backend)
 
 
 def _checked_backend(config: LaunchConfig) -> LaunchConfig:

@@ -12,6 +12,7 @@ from ddp_lab.launch.spawner import SEND_TIMEOUT_S
 
 FAILURE_GRACE_S = 2.0   # after a rank fails, peers get this long to fail on their own
 STACK_WAIT_S = 2.0      # how long to wait for stuck ranks to write their stacks
+INTERRUPT_WAIT_S = 3.0  # live ranks sent SIGINT (stop button, a hang) get this long to reply
 KILL_WAIT_S = 3.0       # killed ranks not reported gone by then: the fork server is wedged
 END_WAIT_S = 3.0        # for the fork server to put the run's leftovers down (reaper.GRACE_S)
 DRAIN_QUIET_S = 0.5     # after the last rank exited, a pipe its child holds may be this quiet

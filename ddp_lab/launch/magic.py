@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ast
 import itertools
-import linecache
 import shlex
 import types
 
@@ -103,9 +102,9 @@ def notebook_names_used(cell: str, user_ns: dict, pushed: dict) -> dict:
 def _register_cell_source(cell: str) -> str:
     """A linecache entry for the cell, shipped to the ranks with the payload, so their
     tracebacks (and the kernel's stack reports) can quote its lines."""
+    from ddp_lab.launch.payload import remember_source
     filename = f"<%%ddp cell {next(_cell_numbers)}>"
-    lines = cell.splitlines(keepends=True)
-    linecache.cache[filename] = (len(cell), None, lines, filename)
+    remember_source(filename, cell)
     return filename
 
 
@@ -117,3 +116,5 @@ def load_ipython_extension(ipython) -> None:
 
     ddp_magic.__doc__ = __doc__
     ipython.register_magic_function(ddp_magic, magic_kind="cell", magic_name="ddp")
+    from ddp_lab.launch.live.magics import register
+    register(ipython)  # %ddp_ranks and %%ranks: live ranks

@@ -140,6 +140,18 @@ class OutputReader:
             outputs += self._read_one(key.data)
         return outputs
 
+    def read_ready(self, until: float) -> list[Output]:
+        """Whatever the pipes hold right now, read until none has more (or ``until``): what
+        a process wrote before it said it was done is all there."""
+        outputs: list[Output] = []
+        while time.monotonic() < until:
+            ready = self._selector.select(0)
+            if not ready:
+                break
+            for key, _ in ready:
+                outputs += self._read_one(key.data)
+        return outputs
+
     def flush(self) -> list[Output]:
         """Every unfinished line as a line, for a reader that stops before the end."""
         return [out for key in self._selector.get_map().values() for out in key.data.flush()]

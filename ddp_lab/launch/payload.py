@@ -14,6 +14,7 @@ the same interpreter (forked from this venv's fork server), so marshal's format 
 from __future__ import annotations
 
 import io
+import linecache
 import marshal
 import types
 from collections import ChainMap
@@ -35,3 +36,9 @@ def dumps(obj) -> bytes:
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
     return buffer.getvalue()
+
+
+def remember_source(filename: str, source: str) -> None:
+    """A linecache entry for code that has no file (a cell), so that tracebacks and stack
+    reports can quote its lines; ``interactive_sources`` (api.py) ships such entries."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)

@@ -18,11 +18,13 @@ _LAUNCHER_FILES = ("ddp_lab/launch/worker.py", "ddp_lab/launch/cell.py",
                    "ddp_lab/launch/spawn.py", "ddp_lab/launch/zygote.py", "<frozen runpy>")
 
 
-def read_stack_dump(path: Path, until: float) -> str:
-    """Wait (until the monotonic time ``until``) for the dump to be written, then format it."""
+def read_stack_dump(path: Path, until: float, offset: int = 0) -> str:
+    """Wait (until the monotonic time ``until``) for the dump to be written, then format it.
+    A live rank's file holds every dump it was asked for: ``offset`` is where this one
+    starts."""
     text, seen = "", -1
     while time.monotonic() < until:
-        text = path.read_text() if path.exists() else ""
+        text = path.read_text()[offset:] if path.exists() else ""
         if text and len(text) == seen:
             break
         seen = len(text)

@@ -26,18 +26,20 @@ from ddp_lab.launch.config import RUN_DIR_VAR, RankSpec, RunFiles, write_pickle
 from ddp_lab.launch.errors import safe_message, short_message
 
 STACK_SIGNAL = signal.SIGUSR1
-LAUNCHER_MODULES = ("ddp_lab.launch.worker", "ddp_lab.launch.cell",
-                    "ddp_lab.launch.spawn")  # frames a user's traceback skips
+LAUNCHER_MODULES = ("ddp_lab.launch.worker", "ddp_lab.launch.cell", "ddp_lab.launch.spawn",
+                    "ddp_lab.launch.live.rank_loop")  # frames a user's traceback skips
 
 
-def rank_main(spec: RankSpec, output_fd: int, lifeline_fd: int) -> None:
-    """Never returns: a forked rank must not fall back into the fork server's loop."""
+def rank_main(spec: RankSpec, output_fd: int, lifeline_fd: int,
+              live_fds: tuple[int, ...] = ()) -> None:
+    """Never returns: a forked rank must not fall back into the fork server's loop.
+    ``live_fds`` (calls in, replies out) make it a live rank (live/rank_loop.py)."""
     _become_rank_process(spec, output_fd)
     _watch_lifeline(lifeline_fd)
     stack_file = _arm_stack_dump(RunFiles(spec.run_dir).stack(spec.rank))
     destroyed_groups: list = []  # see teardown.py: the DDP tutorial's cleanup() could hang
     teardown.keep_destroyed_groups(destroyed_groups)
-    code = _run_target(spec)
+    code = _serve_calls(spec, *live_fds) if live_fds else _run_target(spec)
     teardown.release(destroyed_groups)  # the user's objects are gone by now
     _flush_streams()
     stack_file.close()
@@ -130,15 +132,32 @@ def _run_target(spec: RankSpec) -> int:
         return 1
 
 
+def _serve_calls(spec: RankSpec, calls_fd: int, replies_fd: int) -> int:
+    """A live rank: the group once, then every call the kernel sends until it closes."""
+    from ddp_lab.launch.live.rank_loop import serve
+    try:
+        _init_group(spec)
+        code = serve(spec, calls_fd, replies_fd, error_record, _to_cpu, _flush_streams)
+        _destroy_group()
+        return code
+    except BaseException as exc:  # noqa: BLE001 - e.g. the group's set-up failed
+        _record_error(RunFiles(spec.run_dir).error(spec.rank), exc)
+        return 1
+
+
 def _call_function(spec: RankSpec, files: RunFiles):
-    import torch.distributed as dist
     fn, args, kwargs, sources = cloudpickle.loads(files.payload.read_bytes())
     linecache.cache.update(sources)  # tracebacks can quote notebook cells
     if spec.init_group:  # else ddp_lab.spawn: fn sets up its own device and group
-        _select_device(spec)
-        dist.init_process_group(spec.backend, init_method="env://",
-                                timeout=timedelta(seconds=spec.pg_timeout_s))
+        _init_group(spec)
     return fn(*args, **kwargs)
+
+
+def _init_group(spec: RankSpec) -> None:
+    import torch.distributed as dist
+    _select_device(spec)
+    dist.init_process_group(spec.backend, init_method="env://",
+                            timeout=timedelta(seconds=spec.pg_timeout_s))
 
 
 def _select_device(spec: RankSpec) -> None:
@@ -184,13 +203,17 @@ def _write_result(path: Path, value) -> None:
 
 
 def _record_error(path: Path, exc: BaseException) -> None:
+    write_pickle(path, error_record(exc))
+
+
+def error_record(exc: BaseException) -> dict:
+    """What the launcher learns of a failure (type, message, traceback, when)."""
     name, message = type(exc).__name__, safe_message(exc)
     # One line live; the whole traceback reaches the launcher in the record (and the logs),
     # so a crash of 8 ranks does not print 8 tracebacks into the cell.
     sys.stderr.write(f"{name}: {short_message(message, limit=200)}\n")
-    record = {"type": name, "message": message, "traceback": _format_traceback(exc, message),
-              "time": time.monotonic()}
-    write_pickle(path, record)
+    return {"type": name, "message": message, "traceback": _format_traceback(exc, message),
+            "time": time.monotonic()}
 
 
 def _format_traceback(exc: BaseException, message: str) -> str:

@@ -8,6 +8,7 @@ when the kernel has touched the GPU.
 
 Protocol (see channel.py), launcher -> server:
     ("spawn", request_id, RankSpec) + fds [output_pipe_w, lifeline_r]
+                                   (+ [calls_r, replies_w] for a live rank, live/)
     ("signal", pid, signum)        signal a rank (SIGKILL: and everything below it)
     ("end-run", run_dir)           the run is over: put its leftovers down (reaper.py)
     ("net-up", run_dir, world_size, LinkPlan)   a shaped run's network (switch.py); only
@@ -161,7 +162,7 @@ class Server:
             for fd in (self.wake_r, self.wake_w, self.sock.fileno()):
                 os.close(fd)
             from ddp_lab.launch.worker import rank_main
-            rank_main(spec, output_fd=fds[0], lifeline_fd=fds[1])
+            rank_main(spec, output_fd=fds[0], lifeline_fd=fds[1], live_fds=tuple(fds[2:]))
         finally:
             os._exit(70)  # never fall back into the server loop
 

@@ -1,0 +1,168 @@
+"""``ddp_lab.Ranks``: ranks that stay alive across cells, with their namespaces and their
+process group, until ``close()``.
+
+    ranks = ddp_lab.Ranks(world_size=4)        # started now, group ready
+    ranks.exec("model = torch.nn.Linear(4, 2)")   # each rank's own namespace keeps it
+    ranks.run(step, 0.1)                          # a function, defined here or imported
+    ranks.pull("model")                           # one value per rank
+    ranks.close()                                 # or: with ddp_lab.Ranks(4) as ranks: ...
+
+Every call raises what ``ddp_lab.run`` raises for the same failure (``WorkerError``,
+``WorkerTimeout``), with ``err.session`` saying what became of the ranks: ``"kept"`` (every
+rank answered; namespaces intact), ``"restart"`` (a rank could not be interrupted: new
+ranks were started, namespaces empty) or ``"stopped"`` (a rank died: ``restart()``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+from ddp_lab.launch import checks
+from ddp_lab.launch.api import pickle_payload, prepare, with_network
+from ddp_lab.launch.config import LaunchConfig
+from ddp_lab.launch.live.session import LiveSession
+from ddp_lab.launch.live.verdict import verdict
+from ddp_lab.launch.outcome import RunResult
+from ddp_lab.launch.payload import remember_source
+
+_cell_numbers = itertools.count(1)  # names each source uniquely in linecache
+
+
+class Ranks:
+    """Live ranks: ``run``, ``exec``, ``pull``, ``push``, ``restart``, ``close``."""
+
+    def __init__(self, world_size: int = 4, backend: str = "auto", network=None,
+                 timeout: float = 60.0, env=None, *, echo: bool = True):
+        __tracebackhide__ = True
+        config = LaunchConfig(world_size=checks.check_world_size(world_size),
+                              backend=checks.check_backend(backend),
+                              timeout=checks.check_timeout(timeout), env=checks.check_env(env),
+                              echo=bool(echo))
+        self._config = prepare(with_network(config, network))
+        self._session: LiveSession | None = None
+        self._start()
+
+    # -- the calls ------------------------------------------------------------------------
+    def run(self, fn, *args, **kwargs) -> RunResult:
+        """``fn(*args, **kwargs)`` on every rank, in its live process."""
+        __tracebackhide__ = True
+        checks.check_callable(fn)
+        checks.check_signature(fn, args, kwargs, "ranks.run(fn, *args, **kwargs) calls "
+                               "fn(*args, **kwargs) on every rank")
+        body = pickle_payload(fn, args, kwargs)
+        return self._call("run", dict.fromkeys(self._all(), body))
+
+    def exec(self, source: str, on=None) -> RunResult:
+        """Run Python ``source`` in each rank's namespace (``torch``, ``dist``, ``rank``,
+        ``world_size`` ready), or only on the ranks in ``on``; what it defines stays.
+        ``values`` hold each rank's last bare expression, as a cell shows it (else None)."""
+        __tracebackhide__ = True
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a string of Python code, got {type(source).__name__}")
+        filename = f"<ranks cell {next(_cell_numbers)}>"
+        compile(source, filename, "exec")  # a SyntaxError here, not once per rank
+        remember_source(filename, source)  # stack reports of a hang quote its lines
+        return self._call("exec", dict.fromkeys(self._targets(on), (source, filename)))
+
+    def pull(self, name: str, on=None) -> list:
+        """The value of ``name`` in each rank's namespace (or each rank in ``on``)."""
+        __tracebackhide__ = True
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"name must be a Python name, got {name!r}")
+        return self._call("pull", dict.fromkeys(self._targets(on), name)).values
+
+    def push(self, **values) -> None:
+        """Set these names in every rank's namespace."""
+        __tracebackhide__ = True
+        if not values:
+            raise TypeError("push needs names to set: ranks.push(lr=0.1, data=tensor)")
+        self._call("push", dict.fromkeys(self._all(), _pickled(values)))
+
+    # -- the processes ----------------------------------------------------------------------
+    def restart(self) -> None:
+        """New processes, a new process group, empty namespaces."""
+        self._stop()
+        self._start()
+
+    def close(self) -> None:
+        """Stop the ranks and remove everything they had; idempotent."""
+        self._stop()
+
+    def __enter__(self) -> "Ranks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def world_size(self) -> int:
+        return self._config.world_size
+
+    @property
+    def state(self) -> str:
+        """"ready", "stopped" (a rank died: restart()) or "closed"."""
+        if self._session is None:
+            return "closed"
+        return "stopped" if self._session.lost else "ready"
+
+    def __repr__(self) -> str:
+        return (f"Ranks(world_size={self.world_size}, backend={self._config.backend!r}, "
+                f"state={self.state!r})")
+
+    # -- inside ---------------------------------------------------------------------------
+    def _start(self) -> None:
+        __tracebackhide__ = True
+        session = LiveSession(self._config)
+        finalizer = weakref.finalize(self, session.__exit__, None, None, None)
+        try:  # the finalizer also runs at the interpreter's exit: a kernel that shuts down
+            verdict(session, session.open())
+        except BaseException:
+            finalizer()
+            raise
+        self._session, self._finalizer = session, finalizer
+
+    def _stop(self) -> None:
+        if self._session is not None:
+            self._session = None
+            self._finalizer()  # session.__exit__, once
+
+    def _call(self, kind: str, bodies: dict) -> RunResult:
+        __tracebackhide__ = True
+        if self._session is None:
+            raise RuntimeError("these ranks are closed: ranks.restart() starts new ones, or "
+                               "make a new ddp_lab.Ranks(...)")
+        call = self._session.call(kind, bodies, self._config.timeout)
+        try:
+            return verdict(self._session, call)
+        except Exception as exc:
+            if getattr(exc, "session", None) == "restart":
+                self.restart()
+            raise
+
+    def _all(self) -> list[int]:
+        return list(range(self.world_size))
+
+    def _targets(self, on) -> list[int]:
+        if on is None:
+            return self._all()
+        ranks = [on] if isinstance(on, int) else list(on)
+        bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < self.world_size]
+        if bad or not ranks:
+            raise ValueError(f"on={on!r} must name ranks of these {self.world_size} live "
+                             f"ranks (0 to {self.world_size - 1})")
+        return sorted(set(ranks))
+
+
+def _pickled(values: dict) -> bytes:
+    """By value (a notebook's classes travel too), once for every rank; a TypeError that
+    names the value that cannot travel, before anything is sent."""
+    from ddp_lab.launch.payload import dumps
+    for name, value in values.items():
+        try:
+            dumps(value)
+        except Exception as exc:  # noqa: BLE001 - pickling fails in many ways
+            raise TypeError(f"{name} cannot be sent to the ranks ({type(exc).__name__}: "
+                            f"{exc}); push plain data: numbers, strings, lists, dicts, "
+                            "tensors") from exc
+    return dumps(values)

@@ -1,0 +1,123 @@
+"""What a live rank does: wait for a call, run it in the rank's namespace, reply, again,
+until its call pipe closes (the session closed, or the kernel died).
+
+It runs inside a rank forked by the fork server, after the one-shot worker's set-up (output,
+lifeline, stack dump, process group: worker.py). The stop button reaches it as SIGINT: a
+``KeyboardInterrupt`` in the call's Python code, and an ``interrupted`` reply; between calls
+SIGINT is ignored, so a late one never kills an idle rank.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import signal
+
+import cloudpickle
+
+from ddp_lab.launch.live.frames import Call, Reply, receive, send
+from ddp_lab.launch.payload import remember_source
+
+NEVER = float("inf")
+
+
+class _CallGuard:
+    """SIGINT raises KeyboardInterrupt only while a call's code runs."""
+
+    def __init__(self):
+        self.busy = False
+        signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.busy:
+            self.busy = False  # once: the handler's own clean-up must not be interrupted
+            raise KeyboardInterrupt
+
+
+def serve(spec, calls_fd: int, replies_fd: int, record_error, to_cpu, flush_streams) -> int:
+    """Answer calls until the pipe closes; the exit code of the rank. ``record_error``,
+    ``to_cpu`` and ``flush_streams`` are the one-shot worker's (one home for each);
+    the first reply says the group is ready."""
+    namespace = fresh_namespace(spec.rank, spec.world_size)
+    guard = _CallGuard()
+    send(replies_fd, Reply(0, spec.rank, "ok", cloudpickle.dumps(None)), NEVER)
+    while True:
+        try:
+            call = receive(calls_fd)
+            if call is None:
+                return 0
+            reply = _answer(call, spec.rank, namespace, guard, record_error, to_cpu)
+        except KeyboardInterrupt:  # between the call's end and the reply: it is done
+            continue
+        # all the call printed is in the output pipe before the reply: the kernel reads
+        # the output to its end once every reply is in
+        flush_streams()
+        send(replies_fd, reply, NEVER)
+
+
+def fresh_namespace(rank: int, world_size: int) -> dict:
+    """What ``ranks.exec`` code finds ready: torch, dist, rank, world_size."""
+    import torch
+    import torch.distributed as dist
+    return {"__name__": "__ddp_rank__", "torch": torch, "dist": dist, "rank": rank,
+            "world_size": world_size}
+
+
+def _answer(call: Call, rank: int, namespace: dict, guard: _CallGuard, record_error,
+            to_cpu) -> Reply:
+    try:
+        guard.busy = True
+        value = HANDLERS[call.kind](call.body, namespace, rank)
+        guard.busy = False
+        return Reply(call.seq, rank, "ok", _dumps_value(to_cpu(value)))
+    except KeyboardInterrupt as exc:
+        guard.busy = False
+        return Reply(call.seq, rank, "interrupted", record_error(exc))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back as a reply
+        guard.busy = False
+        return Reply(call.seq, rank, "error", record_error(exc))
+
+
+def _run(body: bytes, namespace: dict, rank: int):
+    fn, args, kwargs, sources = cloudpickle.loads(body)
+    linecache.cache.update(sources)  # tracebacks quote the notebook's lines
+    return fn(*args, **kwargs)
+
+
+def _exec(body: tuple, namespace: dict, rank: int):
+    """Run the source like a notebook cell: the value of a last bare expression is the
+    call's value (None otherwise)."""
+    source, filename = body
+    remember_source(filename, source)
+    tree = ast.parse(source, filename)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, filename, "exec"), namespace)
+    if last is None:
+        return None
+    return eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
+
+
+def _pull(name: str, namespace: dict, rank: int):
+    if name not in namespace:
+        raise NameError(f"name {name!r} is not defined on rank {rank}: define it with "
+                        f"ranks.exec(...) or ranks.run(...), or send it with "
+                        f"ranks.push({name}=...)")
+    return namespace[name]
+
+
+def _push(body: bytes, namespace: dict, rank: int):
+    namespace.update(cloudpickle.loads(body))
+
+
+HANDLERS = {"run": _run, "exec": _exec, "pull": _pull, "push": _push}
+
+
+def _dumps_value(value) -> bytes:
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - pickling fails in many ways
+        raise TypeError(f"this rank's value cannot be sent back to the kernel "
+                        f"({type(exc).__name__}: {exc}); return plain data: numbers, "
+                        "strings, lists, dicts, CPU tensors") from None
+
+

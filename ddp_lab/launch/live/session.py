@@ -1,0 +1,213 @@
+"""The kernel's side of live ranks: one ``Session`` whose ranks do not exit, and the calls
+made to them.
+
+The processes, the run folder, the rendezvous, the output and the cleanup are a one-shot
+run's (session.py): a live session only adds two pipes per rank (calls down, replies up)
+and replaces "wait until every rank exited" by "wait until every rank replied". What
+happens to the ranks after a failure is decided here and said on the exception
+(``err.session``): ``"kept"`` (every rank answered: namespaces intact), ``"restart"`` (some
+rank cannot answer: ranks.py starts new ones) or ``"stopped"`` (a rank died).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+from ddp_lab.launch.bound import FAILURE_GRACE_S, INTERRUPT_WAIT_S, KILL_WAIT_S, STACK_WAIT_S
+from ddp_lab.launch.echo import make_echo
+from ddp_lab.launch.interrupts import deferred
+from ddp_lab.launch.live.frames import Call, FrameReader, RankGone, Reply, send
+from ddp_lab.launch.ranks import RankState
+from ddp_lab.launch.session import Session
+
+SEND_WAIT_S = 2.0  # an idle rank reads its call at once; a full pipe for this long: gone
+
+
+@dataclass
+class CallState:
+    """One call in flight: who was asked, who answered, what they printed meanwhile."""
+
+    seq: int
+    targets: list[int]
+    timeout: float
+    started: float = field(default_factory=time.monotonic)
+    replies: dict[int, Reply] = field(default_factory=dict)
+    marks: dict[int, int] = field(default_factory=dict)   # rank -> its first line of this call
+    first_failure: float | None = None
+    stuck: list[int] = field(default_factory=list)
+    stacks: dict[int, str] = field(default_factory=dict)
+    died: list[int] = field(default_factory=list)
+
+    @property
+    def pending(self) -> list[int]:
+        return [r for r in self.targets if r not in self.replies]
+
+    def end_by(self) -> float:
+        """Now-or-later: the deadline, or the grace after the first failure."""
+        end = self.started + self.timeout
+        return end if self.first_failure is None else min(end, self.first_failure + FAILURE_GRACE_S)
+
+
+class LiveSession(Session):
+    """``open()`` once, then ``call(kind, bodies)`` as often as wanted, then ``__exit__``."""
+
+    def __init__(self, config):
+        super().__init__(config, payload=None)
+        self.frames = [FrameReader() for _ in range(config.world_size)]
+        self.seq = 0
+        self.lost: str | None = None  # why no more calls can run (a rank died)
+
+    # -- start ----------------------------------------------------------------------------
+    def _spawn(self, state: RankState) -> None:
+        """A one-shot rank's spawn plus the call and reply pipes (zygote passes them on)."""
+        spec = self._spec(state.rank)
+        with deferred():
+            ends = [*os.pipe(), *os.pipe(), *os.pipe()]  # output, calls, replies: (r, w) each
+            out_r, out_w, calls_r, calls_w, replies_r, replies_w = ends
+            try:
+                os.set_blocking(calls_w, False)
+                self.fds[f"calls{state.rank}"] = calls_w
+                self._cleanup.callback(self._close, f"calls{state.rank}")
+                self.output.add(out_r, owner=state.rank)
+                self.output.add(replies_r, route=self.frames[state.rank])
+                self.server.spawn(spec, [out_w, self.fds["lifeline_r"], calls_r, replies_w],
+                                  self.events)
+                self.requested += 1
+            finally:
+                for fd in (out_w, calls_r, replies_w):
+                    os.close(fd)
+
+    def open(self) -> CallState:
+        """Start the ranks; each says it is ready (its group is up) as reply 0."""
+        self.start()
+        call = CallState(0, list(range(self.config.world_size)), self.config.timeout)
+        call.marks = {rank: 0 for rank in call.targets}
+        return self._finish(call)
+
+    # -- a call ---------------------------------------------------------------------------
+    def call(self, kind: str, bodies: dict[int, object], timeout: float) -> CallState:
+        """Send ``bodies[rank]`` to each rank in it; return once each replied, failed, died
+        or hung (then with its stack, and interrupted if it could be)."""
+        if self.lost:
+            raise RuntimeError(self.lost)
+        self.seq += 1
+        call = CallState(self.seq, sorted(bodies), timeout)
+        self.echo = make_echo(self.config.echo)
+        self._mark(call)
+        try:
+            for rank in call.targets:
+                self._send(call, rank, Call(call.seq, kind, bodies[rank]))
+            return self._finish(call)
+        except KeyboardInterrupt:
+            self._on_stop_button(call)
+            raise
+        finally:
+            self.echo.close()
+
+    def _mark(self, call: CallState) -> None:
+        """What the ranks printed since the last call belongs to this one."""
+        for out in self.output.read_ready(time.monotonic() + 0.5):
+            self._show(out)
+        call.marks = {s.rank: len(s.lines) for s in self.ranks}
+
+    def _send(self, call: CallState, rank: int, message: Call) -> None:
+        try:
+            send(self.fds[f"calls{rank}"], message, time.monotonic() + SEND_WAIT_S)
+        except RankGone:
+            call.replies.pop(rank, None)  # it will be found dead or stuck
+
+    def _finish(self, call: CallState) -> CallState:
+        self._await_replies(call)
+        if call.stuck and not call.died:
+            self._stop_stuck(call)
+        for out in self.output.read_ready(time.monotonic() + 0.5):  # the rest of the output
+            self._show(out)
+        self._take_replies(call)
+        if call.died:
+            self._stop_all(call)
+        return call
+
+    def _await_replies(self, call: CallState) -> None:
+        from ddp_lab.launch.heartbeat import Heartbeat
+        heartbeat = Heartbeat(call.timeout, enabled=self.config.echo and call.seq > 0)
+        while True:
+            self._take_replies(call)
+            call.died = [s.rank for s in self.ranks if s.exit_time is not None]
+            if call.died or not call.pending:
+                return
+            now = time.monotonic()
+            if now >= call.end_by():
+                call.stuck = call.pending
+                return
+            self._pump(min(call.end_by(), self.echo.wake_at(),
+                           heartbeat.next_at(call.started)) - now)
+            self.echo.tick()
+            heartbeat.maybe_beat(call.started, call.pending)
+
+    def _take_replies(self, call: CallState) -> None:
+        for rank, reader in enumerate(self.frames):
+            for reply in reader.take():
+                if reply.seq != call.seq:
+                    continue  # a reply to an earlier call that was given up on
+                call.replies[rank] = reply
+                if reply.status != "ok" and call.first_failure is None:
+                    call.first_failure = time.monotonic()
+
+    # -- when it goes wrong -----------------------------------------------------------------
+    def _stop_stuck(self, call: CallState) -> None:
+        """Stacks first (where each waits), then SIGINT: a rank in Python code replies
+        ``interrupted`` and keeps its namespace; one that cannot (inside a collective) is
+        left for the caller to restart."""
+        call.stacks = self._collect_stacks(call.stuck)
+        self._interrupt(call)
+
+    def _on_stop_button(self, call: CallState) -> None:
+        """The kernel's interrupt: every rank still in the call gets SIGINT and a moment
+        to reply; the call's KeyboardInterrupt is re-raised by the caller."""
+        with deferred():
+            self._interrupt(call)
+            if call.pending or call.died:
+                self.lost = self.lost or "the ranks did not stop at the interrupt"
+
+    def _interrupt(self, call: CallState) -> None:
+        for rank in call.pending:
+            self.server.signal(self.ranks[rank].pid, signal.SIGINT)
+        until = time.monotonic() + INTERRUPT_WAIT_S
+        while call.pending and time.monotonic() < until and not call.died:
+            self._pump(min(0.05, until - time.monotonic()))
+            self._take_replies(call)
+            call.died = [s.rank for s in self.ranks if s.exit_time is not None]
+
+    def _stop_all(self, call: CallState) -> None:
+        """A rank died: its group is broken for everyone; stop the others now (their
+        exits are not failures of their own)."""
+        self.lost = (f"rank {call.died[0]} of these live ranks died; the others were "
+                     "stopped. ranks.restart() starts new ones.")
+        running = [s for s in self.ranks if s.running]
+        for state in running:
+            state.stopped_by_launcher = True
+        self._kill(running)
+        self._settle(time.monotonic() + KILL_WAIT_S, lambda: any(s.running for s in self.ranks))
+
+    def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """As a one-shot run's, except that a live rank's file keeps its earlier dumps."""
+        from ddp_lab.launch.stacks import read_stack_dump
+        offsets = {r: _size(self.files.stack(r)) for r in ranks}
+        for rank in ranks:
+            self.server.signal(self.ranks[rank].pid, signal.SIGUSR1)
+        until = time.monotonic() + STACK_WAIT_S
+        return {r: read_stack_dump(self.files.stack(r), until, offsets[r]) for r in ranks}
+
+    def logs(self, call: CallState) -> list[str]:
+        """Each rank's lines of this call (all ranks, in rank order)."""
+        return ["\n".join(s.lines[call.marks.get(s.rank, len(s.lines)):]) for s in self.ranks]
+
+
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,153 @@
+"""Live ranks (``ddp_lab.Ranks``): state kept across calls, and every failure of a one-shot
+run handled for a session that goes on: an exception, a hang, the stop button, a rank that
+dies, bad input. Nothing may be left behind (conftest's leak check runs after each test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+import ddp_lab
+import workers
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def ranks():
+    with ddp_lab.Ranks(world_size=3, timeout=20, echo=False) as live:
+        yield live
+
+
+def test_state_lives_across_calls(ranks):
+    ranks.exec("w = torch.full((2,), float(rank))")
+    ranks.push(scale=10.0)
+    res = ranks.exec("w = w * scale\nw.sum().item()")
+    assert res.values == [0.0, 20.0, 40.0]
+    assert [t.tolist() for t in ranks.pull("w")] == [[0, 0], [10, 10], [20, 20]]
+    assert ranks.pull("rank", on=[2, 0]) == [0, 2]  # in rank order
+    assert ranks.run(workers.all_reduce_tensor, torch.ones(1)).values == [torch.tensor([6.0])] * 3
+
+
+def test_output_of_a_call_is_its_own(ranks):
+    first = ranks.exec("print('first', rank)")
+    second = ranks.exec("print('second', rank)", on=[1])
+    assert first.logs == ["first 0", "first 1", "first 2"]
+    assert second.logs == ["second 1"]
+
+
+def test_an_exception_keeps_the_session_and_its_state(ranks):
+    ranks.exec("kept = rank + 100")
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        ranks.exec("1 / 0 if rank == 1 else None")
+    err = caught.value
+    assert err.rank == 1 and err.session == "kept"
+    assert "ZeroDivisionError" in err.traceback and "<ranks cell" in err.traceback
+    assert "1 / 0 if rank == 1 else None" in err.traceback  # the cell's line, quoted
+    assert ranks.pull("kept") == [100, 101, 102]
+
+
+def test_bad_input_is_refused_before_anything_is_sent(ranks):
+    ranks.exec("kept = 7")
+    with pytest.raises(ValueError, match="0 to 2"):
+        ranks.exec("x = 1", on=[3])
+    with pytest.raises(SyntaxError):
+        ranks.exec("def broken(:")
+    with pytest.raises(TypeError, match="lock cannot be sent"):
+        ranks.push(lock=threading.Lock())
+    with pytest.raises(ValueError, match="Python name"):
+        ranks.pull("not a name")
+    with pytest.raises(ddp_lab.WorkerError, match="not defined on rank 0"):
+        ranks.pull("never_defined")
+    assert ranks.pull("kept") == [7, 7, 7]
+
+
+def test_a_hang_in_python_is_interrupted_and_the_state_kept():
+    with ddp_lab.Ranks(world_size=2, timeout=2, echo=False) as ranks:
+        ranks.exec("kept = 'yes'")
+        with pytest.raises(ddp_lab.WorkerTimeout) as caught:
+            ranks.exec("import time\nif rank == 1:\n    time.sleep(600)")
+        err = caught.value
+        assert err.stuck_ranks == [1] and err.session == "kept"
+        assert "time.sleep(600)" in err.stacks[1]
+        assert ranks.pull("kept") == ["yes", "yes"]
+
+
+def test_a_rank_stuck_in_a_collective_is_reported_and_the_ranks_restarted():
+    with ddp_lab.Ranks(world_size=2, timeout=3, echo=False) as ranks:
+        ranks.exec("lost = 1")
+        with pytest.raises(ddp_lab.WorkerTimeout) as caught:
+            ranks.exec("t = torch.zeros(1)\nif rank == 0:\n    dist.all_reduce(t)")
+        err = caught.value
+        assert err.stuck_ranks == [0] and err.session == "restart"
+        assert "all_reduce" in err.stacks[0]
+        assert "restarted" in str(err)
+        assert ranks.exec("'lost' in globals()").values == [False, False]
+        assert ranks.run(workers.all_reduce_tensor, torch.ones(1)).values[0].item() == 3.0
+
+
+def test_the_stop_button_interrupts_every_rank_and_keeps_the_session():
+    with ddp_lab.Ranks(world_size=2, timeout=60, echo=False) as ranks:
+        ranks.exec("kept = rank")
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            ranks.exec("import time\ntime.sleep(600)")
+        timer.join()
+        assert ranks.state == "ready"
+        assert ranks.pull("kept") == [0, 1]
+
+
+def test_a_rank_that_dies_stops_the_session_until_restart():
+    with ddp_lab.Ranks(world_size=2, timeout=20, echo=False) as ranks:
+        with pytest.raises(ddp_lab.WorkerError) as caught:
+            ranks.exec("import os\nif rank == 1:\n    os.kill(os.getpid(), 9)")
+        err = caught.value
+        assert err.rank == 1 and err.exitcode == -signal.SIGKILL and err.session == "stopped"
+        assert ranks.state == "stopped"
+        with pytest.raises(RuntimeError, match="restart"):
+            ranks.exec("1")
+        ranks.restart()
+        assert ranks.exec("rank").values == [0, 1]
+
+
+def test_interrupts_at_any_instant_of_a_call_leave_a_usable_session():
+    """SIGINT at random instants of many short calls: each call either finishes or raises
+    KeyboardInterrupt, and the ranks answer the next call."""
+    import random
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    with ddp_lab.Ranks(world_size=2, timeout=30, echo=False) as ranks:
+        for _ in range(15):
+            timer = threading.Timer(rng.uniform(0.0, 0.03), os.kill, (os.getpid(), signal.SIGINT))
+            try:
+                timer.start()
+                ranks.exec("sum(range(20000))")
+                time.sleep(0.05)  # the timer fires here if the call was faster
+            except KeyboardInterrupt:
+                pass
+            finally:
+                timer.join()
+            if ranks.state != "ready":
+                ranks.restart()
+            assert ranks.exec("rank").values == [0, 1], f"seed {seed}"
+
+
+def test_two_sessions_at_once_have_their_own_groups():
+    with ddp_lab.Ranks(world_size=2, echo=False) as one, ddp_lab.Ranks(world_size=3, echo=False) as two:
+        assert one.run(workers.all_reduce_tensor, torch.ones(1)).values[0].item() == 3.0
+        assert two.run(workers.all_reduce_tensor, torch.ones(1)).values[0].item() == 6.0
+
+
+def test_a_closed_session_says_so():
+    ranks = ddp_lab.Ranks(world_size=1, echo=False)
+    ranks.close()
+    ranks.close()  # idempotent
+    assert ranks.state == "closed"
+    with pytest.raises(RuntimeError, match="closed"):
+        ranks.exec("1")
