@@ -1,4 +1,4 @@
-"""Notebook 05, part 4: sharding the data set with DistributedSampler, and evaluating it.
+"""Notebook 05b, section 2: sharding the data set with DistributedSampler, and evaluating it.
 
 ``DistributedSampler`` gives each rank every N-th index of one permutation that all ranks
 compute alike (seeded by ``seed + epoch``), so the shards are disjoint and cover the data.
@@ -71,3 +71,29 @@ def evaluate_three_ways(correct=EXAMPLE_CORRECT) -> dict:
         results[how] = {"indices": indices, "local": local,
                         "accuracy": (counts[0] / counts[1]).item()}
     return results
+
+
+def uneven_evaluation(grad_enabled: bool = False, batches: tuple[int, ...] = (3, 1)) -> int:
+    """Worker: one training step of a DDP model with buffers (ToyModel + BatchNorm1d), then an
+    evaluation loop *through the wrapper*, in ``eval()`` mode, where rank r runs
+    ``batches[r % len(batches)]`` forwards; returns that count after a final barrier.
+
+    DDP broadcasts the buffers in a forward only when the forward before it ran with grad
+    enabled and gradient sync on (``require_forward_param_sync``, reset in ``_post_forward``,
+    torch/nn/parallel/distributed.py). Under ``torch.no_grad()`` only the first evaluation
+    forward broadcasts, so unequal counts finish; with grad enabled every forward does, and
+    the rank with more batches waits in a broadcast its peers never join."""
+    from ddp_lab.course.ch05_ddp_basics.basics import toy_with_buffers
+    from ddp_lab.course.params import device_ids
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    device = rank_device()
+    torch.manual_seed(0)
+    ddp_model = DDP(toy_with_buffers().to(device), device_ids=device_ids(device))
+    ddp_model(torch.randn(8, 10, device=device)).sum().backward()
+    ddp_model.eval()
+    count = batches[dist.get_rank() % len(batches)]
+    with torch.set_grad_enabled(grad_enabled):
+        for _ in range(count):
+            ddp_model(torch.randn(8, 10, device=device))
+    dist.barrier()
+    return count
