@@ -1,6 +1,7 @@
 # Two commands on a fresh machine, both idempotent (a second run only does what changed):
 #   make course   set up .venv, then execute every notebook headless (build/index.html)
 #   make test     set up .venv, then run the test suite (what CI runs, via .ci/run)
+#   make test-fast  the inner loop: the suite without the notebooks, browser and slow tests
 # `make setup` alone builds the environment; `make clean` removes it and build/.
 
 PYTHON ?= python3
@@ -17,7 +18,7 @@ PIP_HAS_INDEX := $(shell $(PYTHON) -m pip config list 2>/dev/null | grep -E 'ind
 TORCH_INDEX ?= $(if $(shell command -v nvidia-smi)$(PIP_HAS_INDEX),,https://download.pytorch.org/whl/cpu)
 TORCH_FROM := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup course test clean
+.PHONY: setup course test test-fast test-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +36,14 @@ course: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The markers are registered in pyproject.toml (--strict-markers): a typo fails, not skips.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not notebooks and not browser and not slow"
+
+# On a machine with CUDA: the launcher, backend="auto" and the GPU paths (tests/gpu/test_gpu.py).
+test-gpu: setup
+	$(BIN)/python -m pytest -m gpu tests/gpu -q -rP
 
 clean:
 	rm -rf $(VENV) build

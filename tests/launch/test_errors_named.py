@@ -6,11 +6,10 @@ import), so they travel by value as a learner's do.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import ddp_lab
+from repeats import runs as repeat_count
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,8 +45,9 @@ def os_exit_on(rank):
         os._exit(0)
     dist.all_reduce(torch.ones(1))
 '''
-# 200 runs take about a minute on 2 cores; DDP_LAB_NO_COLLECTIVE_RUNS=1000 for a longer look
-NO_COLLECTIVE_RUNS = int(os.environ.get("DDP_LAB_NO_COLLECTIVE_RUNS", "200"))
+# 100 runs in CI (tests/repeats.py), about 30 s on 2 cores; DDP_LAB_NO_COLLECTIVE_RUNS=N or
+# DDP_LAB_SOAK=1 (1000 runs) for a longer look
+NO_COLLECTIVE_RUNS = repeat_count("DDP_LAB_NO_COLLECTIVE_RUNS")
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,7 @@ def cell():
     return namespace
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60 + 3 * NO_COLLECTIVE_RUNS)
 def test_a_function_without_collectives_never_fails(cell):
     """A rank that returns at once must not break a peer still connecting its gloo mesh."""

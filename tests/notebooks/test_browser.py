@@ -18,6 +18,8 @@ import pytest
 import browser_helpers as lab_ui
 from conftest import wait_until_gone
 
+pytestmark = pytest.mark.browser
+
 MISSING = lab_ui.missing_requirements()
 if MISSING and not lab_ui.IN_CI:
     pytest.skip(f"browser test needs {' and '.join(MISSING)}; with CI=true this fails instead",

@@ -86,6 +86,29 @@ def test_figures_are_kept_when_the_environment_says_mplbackend_agg(
     assert any("image/png" in o.get("data", {}) for o in outputs), "figure lost under Agg"
 
 
+def _exercise_notebook() -> nbformat.NotebookNode:
+    """Notebook 00's exercise as shipped: the stub cell (tagged, named) and its check."""
+    stub = nbformat.v4.new_code_cell(
+        'def max_over_ranks(value):\n    """The largest value over all ranks."""\n'
+        "    raise NotImplementedError",
+        metadata={"tags": ["exercise"], "exercise": "00.max_over_ranks"})
+    check = nbformat.v4.new_code_cell(
+        'import ddp_lab.exercises as ex\nex.check("00.max_over_ranks", max_over_ranks);')
+    return nbformat.v4.new_notebook(cells=[stub, check])
+
+
+@pytest.mark.timeout(180)
+def test_solved_mode_runs_the_reference_in_the_exercise_cell(tmp_path: Path):
+    """``ddp-lab notebooks --solved`` swaps the reference into the cell and the check
+    passes; every exercise's reference is checked as such a cell in
+    tests/exercises/test_notebook_cells.py, without a kernel per notebook."""
+    nbformat.write(_exercise_notebook(), tmp_path / "ex.ipynb")
+    report = execute_notebook(tmp_path / "ex.ipynb", tmp_path / "build", 120, solved=True)
+    assert report.ok, report.describe()
+    printed = [o.get("text", "") for o in _outputs(report.executed_path)]
+    assert any("00.max_over_ranks: passed." in text for text in printed), printed
+
+
 @pytest.mark.timeout(120)
 def test_failing_notebook_reports_cell_and_error(course: Path, tmp_path: Path):
     build = tmp_path / "build"

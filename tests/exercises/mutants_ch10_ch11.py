@@ -1,18 +1,16 @@
-"""Notebooks 10 and 11's exercises: the reference solutions pass, plausible wrong answers are
-rejected with a message that says what to fix, and an unsolved exercise says "not solved
-yet". Every check runs the function on real ranks."""
+"""Wrong answers to the exercises of notebooks 10 and 11: the ones a learner really writes.
+
+MUTANTS holds (exercise, wrong answer, a regex the rejection must match); test_mutations.py
+checks every one with a single parametrized test. Data and functions only, no test here."""
 
 from __future__ import annotations
 
-import pytest
+import re
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as differentiable
 import torch.nn.functional as F
-
-import ddp_lab.exercises as ex
-
-pytestmark = pytest.mark.timeout(240)
 
 
 # 10.zero1_step: wrong answers ---------------------------------------------------------------
@@ -97,52 +95,18 @@ def averaged(x_slice, weight_slice, bias):
     return partial / dist.get_world_size() + bias
 
 
-WRONG = {
-    "10.zero1_step": [(no_broadcast, "still holds its old value"),
-                      (broadcast_from_rank0, "src=owners[i]"),
-                      (forgets_the_step, "call local_optimizer.step()"),
-                      (reduces_again, "dist.all_reduce is switched off")],
-    "10.shard_gradient": [(sums_instead_of_averaging, "divide by the world size"),
-                          (keeps_own_gradient, "never reduced across the ranks"),
-                          (forgets_padding, "raised RuntimeError"),
-                          (all_reduce_then_slice, "use dist.reduce_scatter_tensor")],
-    "11.row_parallel": [(partial_only, "all-reduce (sum) it"),
-                        (bias_on_every_rank, "add it once"),
-                        (gradients_summed_again, "backward is the identity"),
-                        (detached_sum, "no gradient reached"),
-                        (averaged, "their sum")],
-}
-CASES = [pytest.param(name, fn, hint, id=f"{name}-{fn.__name__}")
-         for name, wrong in WRONG.items() for fn, hint in wrong]
-
-
-@pytest.mark.parametrize("name,fn,hint", CASES)
-def test_wrong_answer_is_rejected_with_advice(name, fn, hint):
-    with pytest.raises(ex.ExerciseFailed, match="seed") as failure:
-        ex.check(name, fn)
-    assert hint in str(failure.value)
-
-
-@pytest.mark.parametrize("name", list(WRONG))
-def test_reference_solution_passes(name):
-    assert "passed" in ex.check(name, ex.solution(name))
-
-
-def stub(params, owners, local_optimizer):
-    """ZeRO-1's step."""
-    raise NotImplementedError
-
-
-def half_written(params, owners, local_optimizer):
-    if local_optimizer is not None:
-        local_optimizer.step()
-    raise NotImplementedError("the broadcasts are next")
-
-
-@pytest.mark.parametrize("fn", [stub, half_written])
-def test_unsolved_says_not_solved_yet(fn):
-    assert ex.NOT_SOLVED in ex.check("10.zero1_step", fn)
-
-
-def test_the_exercises_are_registered():
-    assert {"10.zero1_step", "10.shard_gradient", "11.row_parallel"} <= set(ex.names())
+MUTANTS = [
+    ("10.zero1_step", no_broadcast, re.escape("still holds its old value")),
+    ("10.zero1_step", broadcast_from_rank0, re.escape("src=owners[i]")),
+    ("10.zero1_step", forgets_the_step, re.escape("call local_optimizer.step()")),
+    ("10.zero1_step", reduces_again, re.escape("dist.all_reduce is switched off")),
+    ("10.shard_gradient", sums_instead_of_averaging, re.escape("divide by the world size")),
+    ("10.shard_gradient", keeps_own_gradient, re.escape("never reduced across the ranks")),
+    ("10.shard_gradient", forgets_padding, re.escape("raised RuntimeError")),
+    ("10.shard_gradient", all_reduce_then_slice, re.escape("use dist.reduce_scatter_tensor")),
+    ("11.row_parallel", partial_only, re.escape("all-reduce (sum) it")),
+    ("11.row_parallel", bias_on_every_rank, re.escape("add it once")),
+    ("11.row_parallel", gradients_summed_again, re.escape("backward is the identity")),
+    ("11.row_parallel", detached_sum, re.escape("no gradient reached")),
+    ("11.row_parallel", averaged, re.escape("their sum")),
+]

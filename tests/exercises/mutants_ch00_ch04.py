@@ -1,0 +1,244 @@
+"""Wrong answers to the exercises of notebooks 00 to 04 and 03b:
+the ones a learner really writes.
+
+MUTANTS holds (exercise, wrong answer, a regex the rejection must match); test_mutations.py
+checks every one with a single parametrized test. Data and functions only, no test here."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.exercises import ch02_point_to_point as ch02
+from ddp_lab.exercises import ch04_allreduce as ch04
+
+
+# -- 00 --------------------------------------------------------------------------------------
+def closed_form(value):
+    return float((dist.get_world_size() - 1) ** 2)
+
+
+def own_value(value):
+    return value
+
+
+def summed(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item()
+
+
+# -- 01 --------------------------------------------------------------------------------------
+def sleeping_barrier(store, world_size, name):
+    time.sleep(1)
+
+
+def leaky_barrier(store, world_size, name):
+    store.add(f"{name}/count", 1)
+
+
+def same_keys_every_time(store, world_size, name):
+    if store.add("count", 1) == world_size:
+        store.set("go", "1")
+    store.wait(["go"])
+
+
+def opened_one_too_early(store, world_size, name):
+    if store.add(f"{name}/count", 1) >= world_size - 1:
+        store.set(f"{name}/go", "1")
+    store.wait([f"{name}/go"])
+
+
+def plain_print(line):
+    print(line)
+
+
+def sleep_then_print(line):
+    time.sleep(0.2 * dist.get_rank())
+    print(line)
+
+
+def reversed_turns(line):
+    for turn in reversed(range(dist.get_world_size())):
+        if turn == dist.get_rank():
+            print(line, flush=True)
+        dist.barrier()
+
+
+# -- 02 --------------------------------------------------------------------------------------
+def builtin_all_gather(tensor):
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, tensor)
+    return out
+
+
+def my_own_everywhere(tensor):
+    return [tensor.clone() for _ in range(dist.get_world_size())]
+
+
+def ring_off_by_one(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered = [torch.empty_like(tensor) for _ in range(world)]
+    gathered[rank] = tensor.clone()
+    for step in range(world - 1):
+        outgoing = gathered[(rank - step) % world]
+        incoming = gathered[(rank + step + 1) % world]  # should be (rank - step - 1)
+        for request in (dist.isend(outgoing, (rank + 1) % world),
+                        dist.irecv(incoming, (rank - 1) % world)):
+            request.wait()
+    return gathered
+
+
+def shift_the_wrong_way(tensor, k):
+    return ch02.shift(tensor, -k)
+
+
+def shift_nothing(tensor, k):
+    return tensor.clone()
+
+
+def shift_by_broadcast(tensor, k):
+    return builtin_all_gather(tensor)[(dist.get_rank() - k) % dist.get_world_size()]
+
+
+# -- 03 --------------------------------------------------------------------------------------
+def chunks_unchanged(chunks):
+    return list(chunks)
+
+
+def builtin_all_to_all(chunks):
+    out = [torch.empty_like(c) for c in chunks]
+    dist.all_to_all(out, list(chunks))
+    return out
+
+
+def scatters_in_reverse(chunks):
+    from ddp_lab.exercises.ch03_collectives import all_to_all_by_scatter
+    return all_to_all_by_scatter(chunks)[::-1]
+
+
+# -- 04 --------------------------------------------------------------------------------------
+def whole_tensor_to_everyone(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = tensor.clone()
+    for peer in range(world):
+        if peer != rank:
+            incoming = torch.empty_like(tensor)
+            for request in (dist.isend(tensor, peer), dist.irecv(incoming, peer)):
+                request.wait()
+            total += incoming
+    return total.chunk(world)[rank]
+
+
+def builtin_reduce(tensor):
+    total = tensor.clone()
+    dist.all_reduce(total)
+    return total.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+def ring_wrong_chunk(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 1):  # unshifted: rank r ends with chunk r + 1
+        outgoing, into = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
+        incoming = torch.empty_like(into)
+        for request in (dist.isend(outgoing, (rank + 1) % world),
+                        dist.irecv(incoming, (rank - 1) % world)):
+            request.wait()
+        into += incoming
+    return chunks[rank]
+
+
+def root_sends_to_all(tensor, src):
+    rank, data = dist.get_rank(), tensor.clone()
+    if rank == src:
+        for peer in range(dist.get_world_size()):
+            if peer != src:
+                dist.send(data, peer)
+    else:
+        dist.recv(data, src)
+    return data
+
+
+def chain(tensor, src):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = tensor.clone()
+    if (rank - src) % world:
+        dist.recv(data, (rank - 1) % world)
+    if (rank - src) % world < world - 1:
+        dist.send(data, (rank + 1) % world)
+    return data
+
+
+def builtin_broadcast(tensor, src):
+    data = tensor.clone()
+    dist.broadcast(data, src)
+    return data
+
+
+def tree_rooted_at_zero(tensor, src):
+    return ch04.tree_broadcast(tensor, 0)
+
+
+# -- 03b.all_reduce_list --------------------------------------------------------------------
+def one_all_reduce_each(tensors):
+    for t in tensors:
+        dist.all_reduce(t)
+    return tensors
+
+
+def flat_sum_not_split_back(tensors):
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    return list(flat.split([t.numel() for t in tensors]))
+
+
+def averaged_instead_of_summed(tensors):
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    return [p.view_as(t) for p, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+
+def gathered_then_summed(tensors):
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    total = torch.stack(out).sum(dim=0)
+    return [p.view_as(t) for p, t in zip(total.split([t.numel() for t in tensors]), tensors)]
+
+
+MUTANTS = [
+    ("00.max_over_ranks", closed_form, "expected the largest"),
+    ("00.max_over_ranks", own_value, "expected the largest"),
+    ("00.max_over_ranks", summed, "ReduceOp.MAX"),
+    ("01.store_barrier", sleeping_barrier, "time.sleep is switched off"),
+    ("01.store_barrier", leaky_barrier, "held back on purpose"),
+    ("01.store_barrier", same_keys_every_time, "keys of its own"),
+    ("01.store_barrier", opened_one_too_early, "left before rank"),
+    ("01.rank_ordered_print", plain_print, "came out as"),
+    ("01.rank_ordered_print", sleep_then_print, "time.sleep is switched off"),
+    ("01.rank_ordered_print", reversed_turns, "only after every lower rank"),
+    ("02.all_gather", builtin_all_gather, "dist.all_gather is switched off"),
+    ("02.all_gather", my_own_everywhere, r"item \[1\] should be rank 1's tensor"),
+    ("02.all_gather", ring_off_by_one, "should be rank"),
+    ("02.shift", shift_the_wrong_way, "k places|rank - k"),
+    ("02.shift", shift_nothing, "rank - k"),
+    ("02.shift", shift_by_broadcast, "switched off"),
+    ("03.all_to_all", chunks_unchanged, "what rank 1 sent to rank 0"),
+    ("03.all_to_all", builtin_all_to_all, "dist.all_to_all is switched off"),
+    ("03.all_to_all", scatters_in_reverse, "should be chunk"),
+    ("04.reduce_scatter", whole_tensor_to_everyone, "the ring sends"),
+    ("04.reduce_scatter", builtin_reduce, "dist.all_reduce is switched off"),
+    ("04.reduce_scatter", ring_wrong_chunk, "summed over all ranks"),
+    ("04.tree_broadcast", root_sends_to_all, r"took 3 rounds .*ceil\(log2 4\) = 2"),
+    ("04.tree_broadcast", chain, "took 3 rounds"),
+    ("04.tree_broadcast", builtin_broadcast, "dist.broadcast is switched off"),
+    ("04.tree_broadcast", tree_rooted_at_zero, "should return rank"),
+    ("03b.all_reduce_list", one_all_reduce_each, "the point is ONE collective"),
+    ("03b.all_reduce_list", flat_sum_not_split_back, "in its own shape"),
+    ("03b.all_reduce_list", averaged_instead_of_summed, "should be the sum over the ranks"),
+    ("03b.all_reduce_list", gathered_then_summed, "dist.all_gather is switched off"),
+]
