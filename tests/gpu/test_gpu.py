@@ -270,3 +270,13 @@ def test_cnn_script_under_torchrun_on_the_gpu_and_on_the_cpu(tmp_path, record_pr
         record_property(name, value)
     print(f"train_cnn, torchrun --nproc-per-node=1, 2 epochs: GPU {gpu_rate:.0f} samples/s, "
           f"CPU {cpu_rate:.0f} samples/s (GPU/CPU {gpu_rate / cpu_rate:.2f})")
+
+
+def test_live_ranks_under_auto_move_cpu_and_cuda_tensors():
+    n = min(_gpus(), 2)
+    with ddp_lab.Ranks(world_size=n, echo=False) as ranks:
+        ranks.exec("c = torch.ones(2); dist.all_reduce(c)\n"
+                   "g = torch.ones(2, device='cuda'); dist.all_reduce(g)\n"
+                   "out = (c.tolist(), g.tolist(), str(g.device), dist.get_backend())")
+        values = ranks.pull("out")
+    assert values == [([n, n], [n, n], f"cuda:{r}", GPU_AND_CPU) for r in range(n)]
