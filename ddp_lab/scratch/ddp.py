@@ -10,10 +10,12 @@ Reducer, torch/csrc/distributed/c10d/reducer.cpp):
    computation. Here a ``register_post_accumulate_grad_hook`` on each parameter says when
    its ``.grad`` is final (torch/_tensor.py).
 3. Small gradients are packed into buckets, so that a few large all-reduces replace many
-   small ones. Like the Reducer, buckets are filled in reverse parameter order (backward
-   produces the last layer's gradients first) and a bucket is closed once it holds
-   ``bucket_mb`` or more (the same buckets as the Reducer's
-   ``dist._compute_bucket_assignment_by_size``, tests/scratch/test_ddp.py); a bucket is
+   small ones. Buckets are filled in reverse parameter order (backward usually produces
+   the last layer's gradients first) and a bucket is closed once it holds ``bucket_mb`` or
+   more: the buckets of the Reducer's ``dist._compute_bucket_assignment_by_size``
+   (tests/scratch/test_ddp.py), which torch uses for its first iteration only with
+   ``find_unused_parameters=True``; by default torch starts with one bucket and rebuilds
+   the buckets after the first iteration in the order the gradients arrived. A bucket is
    launched when all of its gradients are ready.
 
 Before ``optimizer.step()``, ``sync_gradients()`` waits for the outstanding all-reduces and
