@@ -10,9 +10,11 @@ How such a group behaves, read in torch 2.13's ``torch/distributed/distributed_c
 
 - ``BackendConfig`` parses the string into {"cpu": gloo, "cuda": nccl}; the group holds one
   gloo and one NCCL backend and ``ProcessGroup`` dispatches each collective on the device of
-  its tensors: CPU tensors to gloo, CUDA tensors to NCCL. Mixing both in one call fails.
+  its tensors: CPU tensors to gloo, CUDA tensors to NCCL.
 - ``dist.get_backend()`` returns the string itself, ``"cpu:gloo,cuda:nccl"``, not
-  ``"nccl"``: code that asks "does this group use NCCL?" must ask ``cuda_backend(...)``.
+  ``"nccl"``: code that asks "does this group use NCCL?" must ask ``uses_nccl(...)``, and
+  ``monitored_barrier``, which checks ``get_backend(group) == "gloo"``, refuses the group
+  (give it ``dist.new_group(backend="gloo")``).
   (``ProcessGroup.name()``, and so DDP's logged ``backend_name``, says "nccl": the group's
   default backend is NCCL whenever NCCL is among its backends.)
 - Object collectives (``all_gather_object``, ``broadcast_object_list``, ...) pickle on the

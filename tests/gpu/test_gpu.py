@@ -89,7 +89,7 @@ def readme_total_on_gpu(x):
     world = dist.group.WORLD
     return {"sum": t.item(), "device": str(t.device), "current": torch.cuda.current_device(),
             "backend": dist.get_backend(), "objects": objects,
-            "object_device": _get_object_coll_device(),
+            "object_device": _get_object_coll_device(), "name": world.name(),
             "cpu_backend": type(world._get_backend(torch.device("cpu"))).__name__,
             "cuda_backend": type(world._get_backend(torch.device("cuda"))).__name__}
 
@@ -110,6 +110,7 @@ def test_readme_example_with_cuda_tensors_on_one_rank():
     assert res.backend == GPU_AND_CPU and facts["backend"] == GPU_AND_CPU
     assert facts["sum"] == 1.0 and facts["device"] == "cuda:0" and facts["current"] == 0
     assert facts["objects"] == [0] and facts["object_device"] == "cpu"
+    assert facts["name"] == "nccl"  # the group's default backend (what DDP logs)
     assert (facts["cpu_backend"], facts["cuda_backend"]) == ("ProcessGroupGloo",
                                                              "ProcessGroupNCCL")
 
