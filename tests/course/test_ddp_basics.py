@@ -62,6 +62,18 @@ def test_forward_broadcasts_rank0s_buffers():
     assert [f["rank 0's previous exit"] for f in facts] == [False, True, True]
 
 
+def test_forward_broadcasts_after_a_training_forward_and_once_for_the_rebuild():
+    per_rank = ddp_lab.run(ddp_basics.collectives_per_forward, world_size=2, echo=False).values
+    assert per_rank[0] == per_rank[1]
+    counts = {model: [row["in forward"].count("broadcast_") for row in rows]
+              for model, rows in per_rank[0].items()}
+    # train, train (bucket rebuild), train, no_grad, no_grad, train
+    assert counts == {"ToyModel": [0, 2, 0, 0, 0, 0], "ToyModel + BatchNorm1d": [2, 4, 2, 2, 0, 0]}
+    for rows in per_rank[0].values():
+        assert [row["in backward"] for row in rows] == [
+            ["allreduce_"] if row["forward"] == "train" else [] for row in rows]
+
+
 def test_a_rank_missing_forward_hangs_the_others():
     with pytest.raises(ddp_lab.WorkerTimeout) as caught:
         ddp_lab.run(ddp_basics.straggle_at, world_size=3, args=("forward",), timeout=8,

@@ -2,9 +2,10 @@
 
 The ToyModel of PyTorch's DDP tutorial wrapped in DDP
 (https://pytorch.org/tutorials/intermediate/ddp_tutorial.html). The constructor broadcasts
-rank 0's parameters and buffers, every forward broadcasts the buffers again, and backward
-averages the gradients with all_reduce while it runs: three synchronization points that
-every rank must reach, in the same order. The GPU path (device from LOCAL_RANK,
+rank 0's parameters and buffers, a forward broadcasts the buffers again (when the model has
+any and the forward before it ran with grad enabled; the second training forward also
+broadcasts the rebuilt bucket layout), and backward averages the gradients with all_reduce
+while it runs: synchronization points that every rank must reach, in the same order. The GPU path (device from LOCAL_RANK,
 ``set_device`` before the model exists, ``device_ids=[local_rank]``) is taken whenever the
 group sends CUDA tensors through NCCL.
 """
@@ -102,6 +103,31 @@ def buffers_in_forward(steps: int = 3) -> dict:
         ddp_model(torch.randn(8, 10, generator=data).to(device)).sum().backward()
         seen["on_exit"].append(norm.running_mean.cpu().clone())
     return seen
+
+
+FORWARDS = ("train", "train", "train", "no_grad", "no_grad", "train")
+
+
+def collectives_per_forward(forwards=FORWARDS) -> dict[str, list[dict]]:
+    """The collectives DDP issues inside each forward (and its backward, for "train"), for
+    ToyModel (no buffers) and ToyModel + BatchNorm1d (buffers), as ``forwards`` run in turn.
+    Watched at the dispatcher (``CollectiveTrace``), so the Reducer's own calls count too."""
+    from ddp_lab.course.collective_trace import CollectiveTrace
+    device, out = rank_device(), {}
+    for name, make in (("ToyModel", ToyModel), ("ToyModel + BatchNorm1d", toy_with_buffers)):
+        torch.manual_seed(0)
+        ddp_model, rows = DDP(make().to(device), device_ids=device_ids(device)), []
+        for kind in forwards:
+            with CollectiveTrace(dist.get_world_size()) as forward, \
+                    torch.set_grad_enabled(kind == "train"):
+                output = ddp_model(torch.randn(8, 10, device=device))
+            with CollectiveTrace(dist.get_world_size()) as backward:
+                if kind == "train":
+                    output.sum().backward()
+            rows.append({"forward": kind, "in forward": [c.name for c in forward.calls],
+                         "in backward": [c.name for c in backward.calls]})
+        out[name] = rows
+    return out
 
 
 def sync_batchnorm_on_this_device() -> str:
