@@ -40,26 +40,32 @@ ENV_VARS = (
            "collective (3, the default: tear down, skip cleanup)", "ProcessGroupNCCL.hpp"),
     EnvVar("TORCH_NCCL_BLOCKING_WAIT", "1: wait() blocks and raises on timeout in the "
            "calling thread", "ProcessGroupNCCL.hpp"),
-    EnvVar("TORCH_NCCL_DUMP_ON_TIMEOUT", "dump the Flight Recorder when the watchdog "
-           "times out", "ProcessGroupNCCL.hpp"),
+    EnvVar("TORCH_NCCL_DUMP_ON_TIMEOUT", "dump the Flight Recorder when the watchdog sees a "
+           "timeout or an error; on by default in recent releases (upstream ProcessGroupNCCL.cpp "
+           "reads it with default true; the 2.13 header comment is older), so set it to be sure",
+           "ProcessGroupNCCL.hpp"),
     EnvVar("TORCH_NCCL_TRACE_BUFFER_SIZE", "entries in the Flight Recorder ring (older name "
            "of TORCH_FR_BUFFER_SIZE)", "ProcessGroupNCCL.hpp"),
     EnvVar("TORCH_FR_BUFFER_SIZE", "entries in the Flight Recorder ring, 2000 by default; "
            "0 turns it off", "FlightRecorder.hpp"),
     EnvVar("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "where dumps go: a prefix, one file per rank "
-           "(TORCH_FR_DUMP_TEMP_FILE is the newer name)", "libtorch_cpu.so"),
+           "(TORCH_FR_DUMP_TEMP_FILE is the newer name); the default /tmp/nccl_trace_rank_ is "
+           "node-local, so point it at a shared folder", "libtorch_cpu.so"),
     EnvVar("TORCH_NCCL_DESYNC_DEBUG", "on timeout, report which rank is behind (with async "
-           "error handling)", "ProcessGroupNCCL.hpp"),
+           "error handling); also turns timing on; TORCH_DISTRIBUTED_DEBUG=DETAIL turns it on",
+           "ProcessGroupNCCL.hpp"),
     EnvVar("TORCH_NCCL_ENABLE_MONITORING", "a heartbeat monitor that kills a process whose "
            "watchdog is stuck", "ProcessGroupNCCL.hpp"),
     EnvVar("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "how long that monitor waits",
            "ProcessGroupNCCL.hpp"),
-    EnvVar("TORCH_NCCL_ENABLE_TIMING", "record start events: per-collective durations in "
-           "the Flight Recorder", "ProcessGroupNCCL.hpp"),
+    EnvVar("TORCH_NCCL_ENABLE_TIMING", "off by default: only with it (or desync debug) does "
+           "a collective get a start event, so Flight Recorder entries get a started state, a "
+           "start time and a duration", "ProcessGroupNCCL.hpp"),
     EnvVar("TORCH_NCCL_NAN_CHECK", "check collective inputs for NaN and fail on one",
            "ProcessGroupNCCL.hpp"),
     EnvVar("TORCH_NCCL_AVOID_RECORD_STREAMS", "keep references to collective buffers instead of "
-           "recordStream calls (caching-allocator safety)", "ProcessGroupNCCL.hpp"),
+           "recordStream calls (caching-allocator safety); recent releases do this by default and "
+           "warn that the variable is deprecated when it is set", "ProcessGroupNCCL.hpp"),
 )
 
 
