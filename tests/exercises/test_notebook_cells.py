@@ -94,6 +94,24 @@ def test_the_solved_cell_passes_its_check(path, shipped, solved, check_cell, nam
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
+def test_no_cell_after_a_check_uses_the_learners_function(path):
+    """Why one run of each notebook suffices: past its check cell, no code uses what an
+    exercise cell defines, so the solved notebook differs from the shipped one only in the
+    exercise cells and what their checks print (test_the_solved_cell_passes_its_check)."""
+    nb = nbformat.read(path, as_version=4)
+    for index, name in exercise_cells(nb):
+        entry = defined_name(nb.cells[index].source)
+        users = [later for later, cell in enumerate(nb.cells[index + 2:], index + 2)
+                 if cell.cell_type == "code" and entry in names_used(cell.source)]
+        assert not users, f"{path.name}: cells {users} use {entry} ({name}'s answer)"
+
+
+def names_used(source: str) -> set[str]:
+    tree = ast.parse(TransformerManager().transform_cell(source))
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
 def test_every_notebook_has_an_exercise(path):
     names = [name for _, name in exercise_cells(nbformat.read(path, as_version=4))]
     assert names, f"{path.name} has no exercise cell (tag 'exercise', metadata 'exercise')"
