@@ -1,0 +1,122 @@
+"""Notebook 11b's exercise: the interleaved schedule's bubble, measured from every rank's
+timeline with collectives.
+
+Each rank holds only its own spans ``(label, start, end)`` (seconds on ``time.time()``'s
+clock, two virtual stages' steps mixed). The bubble is the pipeline's idle share: 1 minus
+all ranks' busy time over ``world_size x (last end anywhere - first start anywhere)``, the
+same number on every rank. The check draws pipeline-shaped timelines on 1 to 4 ranks, with
+the course's own ``bubble`` helper switched off, and compares every rank's answer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddp_lab.course.ch11_meshes import pipeline
+from ddp_lab.exercises.builtins_off import refusing, replaced
+from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+
+CHECK_TIMEOUT = 30.0
+TOLERANCE = 1e-6
+
+
+def pipeline_bubble(spans):
+    """Reference: the earliest start (MIN), the latest end (MAX) and the busy time (SUM)
+    over the ranks, in float64: time.time() needs more digits than float32 keeps."""
+    first = torch.tensor([min(start for _, start, _ in spans)], dtype=torch.float64)
+    last = torch.tensor([max(end for _, _, end in spans)], dtype=torch.float64)
+    busy = torch.tensor([sum(end - start for _, start, end in spans)], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    dist.all_reduce(last, op=dist.ReduceOp.MAX)
+    dist.all_reduce(busy)
+    return 1 - busy.item() / (dist.get_world_size() * (last.item() - first.item()))
+
+
+def timelines(seed: int, world: int) -> list[list]:
+    """Every rank's spans: two virtual stages' forwards then backwards per micro-batch,
+    each rank starting and ending later than the one before (a pipeline's warm-up and
+    drain), random step lengths and gaps, on a time.time()-like clock."""
+    g = generator(seed, world)
+    origin = 1.7e9 + float(torch.rand(1, generator=g, dtype=torch.float64)) * 1e6
+    steps = int(torch.randint(4, 9, (1,), generator=g))
+    out = []
+    for rank in range(world):
+        t = origin + rank * float(torch.empty(1, dtype=torch.float64).uniform_(0.005, 0.02, generator=g))
+        spans = []
+        for k, kind in enumerate(["F"] * steps + ["B"] * steps):
+            t += float(torch.empty(1, dtype=torch.float64).uniform_(0.0, 0.004, generator=g))
+            length = float(torch.empty(1, dtype=torch.float64).uniform_(0.002, 0.012, generator=g))
+            spans.append((f"{kind}{k % steps // 2}", t, t + length))
+            t += length
+        out.append(spans)
+    return out
+
+
+def _trial(fn, seed: int):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    why = "measure the bubble yourself, from every rank's spans and a few collectives"
+    with replaced(pipeline, "bubble", refusing("pipeline.bubble", why)):
+        return fn(list(timelines(seed, world)[rank]))
+
+
+def _own_share(spans, window: float | None = None) -> float:
+    start, end = min(s for _, s, _ in spans), max(e for _, _, e in spans)
+    return 1 - sum(e - s for _, s, e in spans) / (window or end - start)
+
+
+def _problem(got, all_spans: list, rank: int) -> str | None:
+    want = pipeline.bubble(all_spans)
+    n = len(all_spans)
+    if not isinstance(got, (float, int)) and not (isinstance(got, torch.Tensor) and got.numel() == 1):
+        return f"return the bubble as a float, got {type(got).__name__}"
+    got = float(got)
+    if abs(got - want) < TOLERANCE:
+        return None
+    start = min(s for spans in all_spans for _, s, _ in spans)
+    end = max(e for spans in all_spans for _, _, e in spans)
+    busy = sum(e - s for spans in all_spans for _, s, e in spans)
+    own = [_own_share(spans) for spans in all_spans]
+    if abs(got - own[rank]) < TOLERANCE:
+        return ("that is this rank's own idle share: the bubble is the pipeline's, the same on "
+                "every rank, from every rank's busy time, the earliest start and the latest end")
+    if abs(got - sum(own) / n) < TOLERANCE:
+        return ("that averages each rank's idle share over its own first-to-last span: the "
+                "wait before a rank's first step and after its last (warm-up and drain) is the "
+                "bubble itself, so measure every rank over the pipeline's whole window")
+    if abs(got - (1 - busy / (end - start))) < TOLERANCE:
+        return (f"all {n} ranks were there for the whole window: divide the busy time by "
+                "world_size x (last end - first start)")
+    windows = sum(max(e for _, _, e in spans) - min(s for _, s, _ in spans) for spans in all_spans)
+    if abs(got - (1 - busy / windows)) < TOLERANCE:
+        return ("each rank's window starts at its own first step: the idle time before a rank's "
+                "first step and after its last (warm-up and drain) is the bubble itself; use "
+                "the earliest start and the latest end over all ranks (ReduceOp.MIN, MAX)")
+    return (f"got {got:.6f}, expected {want:.6f} (1 - busy / (world_size x window)); "
+            "if the times went into tensors, use dtype=torch.float64: a time.time() value "
+            "needs more digits than float32's 7, and the start and end round to the same number")
+
+
+def check_interleaved_bubble(fn) -> str:
+    seed = new_seed()
+    for n in WORLD_SIZES:
+        on = where(n, seed)
+        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=CHECK_TIMEOUT,
+                           hang_hint="Every rank must make the same collectives, in the same order.")
+        all_spans = timelines(seed, n)
+        for rank, got in enumerate(values):
+            problem = _problem(got, all_spans, rank)
+            if problem:
+                raise ExerciseFailed(f"{on}, rank {rank}: {problem}")
+    return f"every rank measured the pipeline's bubble on 1 to 4 ranks (seed {seed})"
+
+
+EXERCISES = (
+    Exercise(
+        name="11b.interleaved_bubble", notebook="11b_pipelining_in_practice",
+        summary="pipeline_bubble(spans): the pipeline's idle share from every rank's own spans",
+        hint="all_reduce the earliest start (ReduceOp.MIN), the latest end (MAX) and the busy "
+             "time (SUM) in float64 tensors; bubble = 1 - busy / (world_size x (end - start)).",
+        solution=pipeline_bubble, checker=check_interleaved_bubble),
+)
