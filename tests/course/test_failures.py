@@ -179,3 +179,11 @@ def test_killed_and_restarted_training_ends_bit_identical(tmp_path):
     assert reference[0]["epochs_run"] == [0, 1, 2]
     torch.testing.assert_close(recovery.final_weights(tmp_path / "killed.pt"),
                                reference[0]["final_weights"], rtol=0, atol=0)
+
+
+def test_rank_prefix_on_tracebacks_comes_from_init_process_group_not_torchrun():
+    for rank, lines in enumerate(ddp_lab.run(crashes.excepthook_lines, world_size=2,
+                                             args=("boom",), echo=False).values):
+        assert lines[0] == "_distributed_excepthook"
+        assert lines[-1] == f"[rank{rank}]: ValueError: boom"
+        assert all(line.startswith(f"[rank{rank}]: ") for line in lines[1:])

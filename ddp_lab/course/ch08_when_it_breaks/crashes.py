@@ -70,3 +70,18 @@ def error_file_summary(record: dict) -> dict[str, str]:
     return {"message": message["message"], "timestamp": f"{extra['timestamp']} ({when})",
             "py_callstack": f"{len(extra['py_callstack'].splitlines())} lines: the "
                             "traceback quoted in torchrun's summary"}
+
+
+def excepthook_lines(message: str = "the error") -> list[str]:
+    """What an uncaught ``ValueError(message)`` prints on this rank once the default group
+    exists, whatever launched it: ``init_process_group`` replaced ``sys.excepthook`` with
+    torch's ``_distributed_excepthook``, which prefixes every line with ``[rankN]:``."""
+    import io
+    import sys
+    from contextlib import redirect_stderr
+    try:
+        raise ValueError(message)
+    except ValueError:
+        with redirect_stderr(io.StringIO()) as err:
+            sys.excepthook(*sys.exc_info())
+    return [sys.excepthook.__name__, *err.getvalue().splitlines()]

@@ -41,7 +41,8 @@ class StepTimes:
                    slow, delay)
 
     def mean_ms(self, which: str = "step") -> list[float]:
-        """Mean per rank in ms, leaving out step 0 (DDP's first step builds its buckets)."""
+        """Mean per rank in ms, leaving out step 0 (one bucket, first-touch allocation and
+        autograd warm-up; the bucket rebuild is in step 1's forward and stays in)."""
         rows = getattr(self, which)
         return [1e3 * sum(r[1:]) / max(1, len(r) - 1) for r in rows]
 
