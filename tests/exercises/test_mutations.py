@@ -20,11 +20,12 @@ import mutants_ch00_ch04
 import mutants_ch05_ch07
 import mutants_ch08_ch09
 import mutants_ch10_ch11
+import mutants_ch11b
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("warm_fork_server")]
 
 MUTANTS = (mutants_ch00_ch04.MUTANTS + mutants_ch05_ch07.MUTANTS + mutants_ch08_ch09.MUTANTS
-           + mutants_ch10_ch11.MUTANTS)
+           + mutants_ch10_ch11.MUTANTS + mutants_ch11b.MUTANTS)
 
 
 @pytest.mark.parametrize("name, wrong, phrase", MUTANTS,
