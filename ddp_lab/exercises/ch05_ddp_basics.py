@@ -154,6 +154,7 @@ EXERCISES = (
              "(correct, total) counts; divide once.",
         solution=global_accuracy,
         checker=check_global_accuracy,
+        answered_by=("ddp_lab.course.ch05_ddp_basics.sampling:evaluate_three_ways",),
     ),
     Exercise(
         name="05b.sampler_shard",

@@ -126,9 +126,18 @@ def _covers(shown: str, answer: str) -> bool:
         not qualname or answer_qualname == qualname or answer_qualname.startswith(qualname + "."))
 
 
+def _binds_a_module(node: ast.stmt) -> bool:
+    """An import, or ``name = importlib.import_module("...")``: what a cell binds that a
+    later ``inspect.getsource(name.attr)`` needs, without running anything else."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return True
+    return (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func) == "importlib.import_module")
+
+
 def _shown_above(cells) -> list[tuple[str, str]]:
     """(where, source) of everything the cells show: each code cell, and each object a cell
-    passes to ``inspect.getsource`` (evaluated after that cell's top-level imports)."""
+    passes to ``inspect.getsource`` (evaluated after the top-level imports so far)."""
     namespace: dict = {}
     shown = []
     for index, cell in enumerate(cells):
@@ -138,7 +147,7 @@ def _shown_above(cells) -> list[tuple[str, str]]:
         tree = _parse(cell.source)
         if tree is None:
             continue
-        imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        imports = [node for node in tree.body if _binds_a_module(node)]
         exec(compile(ast.Module(imports, []), f"<cell {index} imports>", "exec"), namespace)
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "inspect.getsource":
