@@ -69,6 +69,13 @@ class ForkServer:
         except ForkServerDied:
             pass  # dead: it killed every rank on its way out; wedged: the caller kills it
 
+    def warm_up(self) -> None:
+        """Have the server import what runs use later (zygote.WARM) before it forks, and
+        wait until it has: live ranks would each import it otherwise."""
+        self.ready.clear()
+        self._send(("warm", None))
+        self.wait_ready()
+
     def end_run(self, run_dir: str, events: queue.Queue) -> None:
         """Ask for ("run-ended", run_dir) in ``events`` once the run's leftovers are gone."""
         with self._routes_lock:
@@ -85,6 +92,9 @@ class ForkServer:
     def _send(self, message: tuple, fds: list[int] = ()) -> None:
         if self.wedged:
             raise ForkServerDied("the ddp_lab fork server stopped answering")
+        if self.sock.fileno() < 0:  # closed by shutdown(): at exit, a live session's close
+            self.alive = False       # may come after it (its ranks went with the server)
+            raise ForkServerDied("the ddp_lab fork server was shut down")
         try:
             with self._send_lock:
                 channel.send(self.sock, message, fds, timeout=SEND_TIMEOUT_S)

@@ -11,6 +11,8 @@ Protocol (see channel.py), launcher -> server:
                                    (+ [calls_r, replies_w] for a live rank, live/)
     ("signal", pid, signum)        signal a rank (SIGKILL: and everything below it)
     ("end-run", run_dir)           the run is over: put its leftovers down (reaper.py)
+    ("warm", None)                 import WARM now if no run is going (live ranks); answered
+                                   by "ready" (after "warming" if it imports)
     ("net-up", run_dir, world_size, LinkPlan)   a shaped run's network (switch.py); only
                                    for a server started in a namespace of its own
 server -> launcher:
@@ -92,6 +94,15 @@ class Server:
         self.warm, self.warming = True, False
         return self._tell(("ready", None))
 
+    def _warm_on_request(self) -> bool:
+        """Live ranks use what a later run would find imported: import it before they are
+        forked, once, rather than in each of them. Only with no other run going (the
+        import blocks this loop); either way the answer is "ready" (after "warming")."""
+        if self.warm or self.warming or self.reaper.groups or self.ending:
+            return self._tell(("ready", None))
+        self.warming = True
+        return self._tell(("warming", None))
+
     def _select_timeout(self) -> float | None:
         if self.reaper.doomed or self.ending:  # leftovers do not all wake us when they exit
             return POLL_SECONDS
@@ -113,6 +124,8 @@ class Server:
             self.signal_rank(message[1], message[2])
         elif message[0] == "net-up":
             return self.net_up(*message[1:])
+        elif message[0] == "warm":
+            return self._warm_on_request()
         elif message[0] == "end-run":
             self.ending.add(message[1])
             self.reaper.sweep()

@@ -154,6 +154,11 @@ def _add_bench(sub) -> None:
                                               "vs measured bandwidth and latency")
     bench_network.add_arguments(shaped)
     shaped.set_defaults(handler=_cmd_bench_network)
+    live = which.add_parser("ranks", help="a call to live ranks (ddp_lab.Ranks) vs "
+                                          "ipyparallel's engines vs a warm ddp_lab.run")
+    live.add_argument("-n", "--world-size", type=int, default=4)
+    live.add_argument("--repeats", type=int, default=200, help="timed calls of each kind")
+    live.set_defaults(handler=_cmd_bench_ranks)
     from ddp_lab.tools import bench_ddp_network
     ddp_net = which.add_parser("ddp-network", help="DDP buckets, overlap and hooks on "
                                                    "loopback vs shaped links")
@@ -173,6 +178,11 @@ def _cmd_bench_launch(args: argparse.Namespace) -> int:
               "run it again when it is quiet", file=sys.stderr)
         return 1
     return 0
+
+
+def _cmd_bench_ranks(args: argparse.Namespace) -> int:
+    from ddp_lab.tools import bench_ranks
+    return bench_ranks.main(world_size=args.world_size, repeats=args.repeats)
 
 
 def _cmd_bench_allreduce(args: argparse.Namespace) -> int:

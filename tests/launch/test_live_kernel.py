@@ -54,7 +54,7 @@ def test_ranks_close_when_the_kernel_shuts_down(tmp_path):
     manager, client = start_kernel(tmp_path)
     try:
         run = execute(client, "import ddp_lab, os\nranks = ddp_lab.Ranks(2, echo=False)\n"
-                              "print(ranks.exec('os.getpid()').values)")
+                              "print(ranks.exec('import os; os.getpid()').values)")
         assert run.ok, run.error
         pids = [int(p) for p in run.printed.strip(" []\n").split(",")]
         kernel_pid = manager.provisioner.process.pid

@@ -24,3 +24,22 @@ def launch_latency(times) -> Figure:
     ax.set_xlabel("seconds (log scale): start ranks, all_reduce, collect, clean up")
     ax.set_title(f"Launching a {times.world_size}-rank all_reduce, measured on this machine")
     return fig
+
+
+def gradients_before_after(before: list, after: list) -> Figure:
+    """Each live rank's gradient of one weight row, before and after the hand-written
+    all-reduce: different local gradients in, one averaged gradient out (notebook 00b)."""
+    fig = Figure(figsize=(9, 3.2), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    width = 0.8 / len(before)
+    for ax, grads, title in ((axes[0], before, "after backward (each rank's own batch)"),
+                             (axes[1], after, "after all_reduce / world_size")):
+        for rank, grad in enumerate(grads):
+            xs = [i + rank * width for i in range(len(grad))]
+            ax.bar(xs, grad.tolist(), width=width, label=f"rank {rank}")
+        ax.set_title(title)
+        ax.set_xlabel("weight index")
+        ax.axhline(0, color="k", linewidth=0.5)
+    axes[0].set_ylabel("gradient")
+    axes[1].legend(fontsize=8)
+    return fig

@@ -53,17 +53,20 @@ class Ranks:
         body = pickle_payload(fn, args, kwargs)
         return self._call("run", dict.fromkeys(self._all(), body))
 
-    def exec(self, source: str, on=None) -> RunResult:
+    def exec(self, source: str, on=None, *, timeout: float | None = None) -> RunResult:
         """Run Python ``source`` in each rank's namespace (``torch``, ``dist``, ``rank``,
         ``world_size`` ready), or only on the ranks in ``on``; what it defines stays.
-        ``values`` hold each rank's last bare expression, as a cell shows it (else None)."""
+        ``values`` hold each rank's last bare expression, as a cell shows it (else None).
+        ``timeout`` (seconds) replaces the session's for this call."""
         __tracebackhide__ = True
+        timeout = self._config.timeout if timeout is None else checks.check_timeout(timeout)
         if not isinstance(source, str):
             raise TypeError(f"source must be a string of Python code, got {type(source).__name__}")
         filename = f"<ranks cell {next(_cell_numbers)}>"
         compile(source, filename, "exec")  # a SyntaxError here, not once per rank
         remember_source(filename, source)  # stack reports of a hang quote its lines
-        return self._call("exec", dict.fromkeys(self._targets(on), (source, filename)))
+        return self._call("exec", dict.fromkeys(self._targets(on), (source, filename)),
+                          timeout)
 
     def pull(self, name: str, on=None) -> list:
         """The value of ``name`` in each rank's namespace (or each rank in ``on``)."""
@@ -127,12 +130,12 @@ class Ranks:
             self._session = None
             self._finalizer()  # session.__exit__, once
 
-    def _call(self, kind: str, bodies: dict) -> RunResult:
+    def _call(self, kind: str, bodies: dict, timeout: float | None = None) -> RunResult:
         __tracebackhide__ = True
         if self._session is None:
             raise RuntimeError("these ranks are closed: ranks.restart() starts new ones, or "
                                "make a new ddp_lab.Ranks(...)")
-        call = self._session.call(kind, bodies, self._config.timeout)
+        call = self._session.call(kind, bodies, timeout or self._config.timeout)
         try:
             return verdict(self._session, call)
         except Exception as exc:

@@ -50,6 +50,8 @@ def ranks_cell_parser() -> argparse.ArgumentParser:
                         help="only these ranks (default: all)")
     parser.add_argument("--push", default="", metavar="NAME[,NAME]",
                         help="notebook variables to send to every rank first")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds this cell may run (default: the ranks' timeout)")
     return parser
 
 
@@ -92,7 +94,7 @@ class LiveMagics:
         if pushed:
             self.ranks.push(**{n: self.user_ns[n] for n in pushed})
         on = [int(r) for r in options.on.split(",") if r.strip()] or None
-        res = self.ranks.exec(cell, on=on)
+        res = self.ranks.exec(cell, on=on, timeout=options.timeout)
         _show_values(on or list(range(self.ranks.world_size)), res.values)
 
 

@@ -61,6 +61,10 @@ class LiveSession(Session):
         self.lost: str | None = None  # why no more calls can run (a rank died)
 
     # -- start ----------------------------------------------------------------------------
+    def _start_clock(self) -> None:
+        self.server.warm_up()  # once per fork server: the first live ranks wait for it
+        super()._start_clock()
+
     def _spawn(self, state: RankState) -> None:
         """A one-shot rank's spawn plus the call and reply pipes (zygote passes them on)."""
         spec = self._spec(state.rank)

@@ -1,0 +1,141 @@
+"""``ddp-lab bench ranks``: the round trip of a call to 4 live ranks, against ipyparallel's
+engines holding a gloo group and against a warm ``ddp_lab.run``, measured in one run.
+
+Two calls: a trivial one (the cost of asking every rank and hearing back) and one with a
+single ``all_reduce`` of one float (plus what the collective costs). ipyparallel is a
+benchmark-only extra (``pip install ipyparallel``), not a dependency of the course.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+TARGET_SPEEDUP = 10.0  # live ranks at least this many times faster per call than ipyparallel
+PEERS = ("ddp_lab.Ranks", "ipyparallel", "ddp_lab.run warm")
+CALLS = ("trivial", "all_reduce")
+
+
+def trivial():
+    return None
+
+
+def all_reduce_one():
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+@dataclass
+class RoundTrips:
+    """Milliseconds of every timed call, by (peer, call)."""
+
+    world_size: int
+    ms: dict = field(default_factory=dict)
+
+    def median(self, peer: str, call: str) -> float:
+        return statistics.median(self.ms[peer, call])
+
+    def speedup(self, call: str) -> float:
+        return self.median("ipyparallel", call) / self.median("ddp_lab.Ranks", call)
+
+
+def _time_alternating(peers: dict, repeats: int) -> dict:
+    """Each peer's call timed in turn, round after round, so that a machine whose load
+    changes during the benchmark weighs on every peer alike."""
+    for call in peers.values():
+        call()  # warm-up: first calls pay imports and connections
+    times = {name: [] for name in peers}
+    for _ in range(repeats):
+        for name, call in peers.items():
+            start = time.perf_counter()
+            call()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return times
+
+
+@contextlib.contextmanager
+def live_ranks(world_size: int):
+    import ddp_lab
+    with ddp_lab.Ranks(world_size, backend="gloo", echo=False) as ranks:
+        yield lambda fn: ranks.run(fn)
+
+
+@contextlib.contextmanager
+def ipyparallel_engines(world_size: int):
+    """ipyparallel's engines, one per rank, holding a gloo group as live ranks do."""
+    import ipyparallel
+    cluster = ipyparallel.Cluster(n=world_size, log_level=40)
+    client = cluster.start_and_connect_sync()
+    try:
+        view = client[:]
+        view.block = True
+        view.scatter("rank", list(range(world_size)), flatten=True)
+        view.execute(_GLOO_GROUP.format(port=_free_port(), world_size=world_size))
+        yield view.apply_sync
+        view.execute("dist.destroy_process_group()")
+    finally:
+        client.close()
+        cluster.stop_cluster_sync()
+
+
+_GLOO_GROUP = ("import torch.distributed as dist\n"
+               "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', "
+               "rank=rank, world_size={world_size})")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def measure(world_size: int, repeats: int) -> RoundTrips:
+    import ddp_lab
+    trips = RoundTrips(world_size)
+    with live_ranks(world_size) as live, ipyparallel_engines(world_size) as engines:
+        def launch(fn):
+            return ddp_lab.run(fn, world_size, backend="gloo", echo=False)
+        for call, fn in zip(CALLS, (trivial, all_reduce_one)):
+            peers = {"ddp_lab.Ranks": lambda: live(fn), "ipyparallel": lambda: engines(fn)}
+            for peer, ms in _time_alternating(peers, repeats).items():
+                trips.ms[peer, call] = ms
+            # a launch costs ~1,000 times a call: a few of them, after the others
+            trips.ms["ddp_lab.run warm", call] = _time_alternating(
+                {"run": lambda: launch(fn)}, max(3, repeats // 40))["run"]
+    return trips
+
+
+def format_report(trips: RoundTrips) -> str:
+    lines = [f"round trip of one call to {trips.world_size} ranks (median ms; this machine)",
+             f"{'call':<12}" + "".join(f"{peer:>20}" for peer in PEERS) + f"{'ipyparallel / live':>22}"]
+    for call in CALLS:
+        speedup = trips.speedup(call)
+        mark = "" if speedup >= TARGET_SPEEDUP else f"  MISSED (target {TARGET_SPEEDUP:g}x)"
+        lines.append(f"{call:<12}" + "".join(f"{trips.median(p, call):20.3f}" for p in PEERS)
+                     + f"{speedup:21.1f}x{mark}")
+    return "\n".join(lines)
+
+
+def main(world_size: int = 4, repeats: int = 200) -> int:
+    try:
+        import ipyparallel  # noqa: F401 - checked before anything starts
+    except ImportError:
+        print("ddp-lab bench ranks compares with ipyparallel: pip install ipyparallel "
+              "(a benchmark-only extra: pip install -e '.[bench]')", file=sys.stderr)
+        return 2
+    print(f"measuring {repeats} calls of each kind, live ranks and ipyparallel in turn ...",
+          flush=True)
+    trips = measure(world_size, repeats)
+    print("\n" + format_report(trips))
+    if min(trips.speedup(call) for call in CALLS) < TARGET_SPEEDUP:
+        print("ddp-lab bench ranks: a target was MISSED (see above); on a loaded machine run "
+              "it again when it is quiet", file=sys.stderr)
+        return 1
+    return 0
