@@ -3,7 +3,7 @@
 - **static** rendezvous (torchrun's default ``--rdzv-backend``, ``static``): every node
   is told ``--nnodes``, its ``--node-rank``, and ``--master-addr/--master-port`` (node 0
   runs the store there); ``RANK = node_rank * nproc_per_node + local_rank``;
-- **c10d** rendezvous ignores ``--node-rank`` (``torch/distributed/run.py``, ``_get_config``
+- **c10d** rendezvous ignores ``--node-rank`` (``torch/distributed/run.py``, ``config_from_args``
   logs "node_rank is only used for static rdzv_backend"): node ranks are handed out by the
   rendezvous itself, so two nodes may both say ``--node-rank=1``;
 - the worker-output options: ``--log-dir`` (one folder per run, attempt and local rank),
