@@ -3,7 +3,7 @@ layers (Shoeybi et al., https://arxiv.org/abs/1909.08053, section 3).
 
 An MLP ``Linear(d, h) -> act -> Linear(h, d)`` splits so that only one all-reduce is needed
 per direction. The first layer is **column parallel**: each rank holds h/n rows of the
-weight (n of the output columns), so from the full input it computes its slice of the
+weight (h/n of the h output features), so from the full input it computes its slice of the
 hidden activations; the element-wise activation needs nothing from the others. The second
 layer is **row parallel**: each rank holds the matching h/n input columns, multiplies its
 slice, and the partial outputs are summed by one all-reduce (Megatron's "g"). In backward
