@@ -67,6 +67,11 @@ class RunFiles:
     def stack(self, rank: int) -> Path:
         return self.dir / f"rank{rank}.stack.txt"
 
+    def finished(self, rank: int) -> Path:
+        """Left by a rank once the user's function or script has returned: a death after
+        it (in teardown) is told apart from a failure of the user's code."""
+        return self.dir / f"rank{rank}.finished"
+
     def results(self) -> dict:
         """Every result in the folder by global rank: under torchrun the ranks are not
         known in advance (elastic restarts may change the world size)."""

@@ -24,13 +24,18 @@ class WorkerError(DistributedRunError):
     ``also_failed`` lists ranks that failed on their own too (often the same bug).
 
     Attributes: rank, exitcode, traceback (str, the root-cause rank's), logs (list of every
-    rank's output), knock_on and also_failed (dict rank -> one-line reason).
+    rank's output), knock_on and also_failed (dict rank -> one-line reason), values (each
+    rank's value where it arrived, else None), finished (True when the root-cause rank had
+    finished its code and died in teardown, exit_abort.py).
     """
 
     def __init__(self, rank: int, exitcode: int | None, traceback: str, logs: list[str],
                  knock_on: dict[int, str] | None = None, hint: str = "",
-                 also_failed: dict[int, str] | None = None):
+                 also_failed: dict[int, str] | None = None, values: list | None = None,
+                 finished: bool = False):
         self.rank = rank
+        self.values = values if values is not None else [None] * len(logs)
+        self.finished = finished
         self.hint = hint
         self.also_failed = dict(also_failed or {})
         self.exitcode = exitcode
@@ -40,14 +45,19 @@ class WorkerError(DistributedRunError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        if self.exitcode == 0:  # it left without an error; the hint says how
+        if self.finished:  # its code returned; the hint says what is known
+            lines = [f"rank {self.rank} finished its work, then its process died on the way "
+                     f"out ({describe_exit(self.exitcode)}): in teardown, after its code had "
+                     "returned.", "", self.hint, "",
+                     self.traceback.rstrip() or "(no report: see its log)"]
+        elif self.exitcode == 0:  # it left without an error; the hint says how
             lines = [f"rank {self.rank} left the run early (exit code 0, no error of its "
                      "own); it is the root cause."]
         else:
             lines = [f"rank {self.rank} failed ({describe_exit(self.exitcode)}); it is the "
                      "root cause.", "",
                      self.traceback.rstrip() or "(no Python traceback: see its log)"]
-        if self.hint:
+        if self.hint and not self.finished:
             lines += ["", self.hint]
         if self.knock_on:
             lines += ["", "Knock-on failures (they stopped because rank "

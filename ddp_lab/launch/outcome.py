@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ddp_lab.launch import exit_abort
 from ddp_lab.launch.config import read_pickle
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
                                    WorkerTimeout, describe_exit, safe_message, short_message)
@@ -85,17 +86,23 @@ def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> Distributed
     records = {s.rank: read_pickle(run.files.error(s.rank)) for s in failed}
     logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
             for r, log in enumerate(logs)]
-    root, hint = _blame(run, failed, records)
+    done = {s.rank for s in failed if exit_abort.finished(run, s, records.get(s.rank))}
+    failed_in_code = [s for s in failed if s.rank not in done and not s.stopped_by_launcher]
+    root, hint = _blame(run, failed_in_code or [s for s in failed if s.rank in done] or
+                        failed, records)
+    if root.rank in done:
+        hint = exit_abort.advice(run, root)
     others = [s for s in failed if s is not root]
     own = {s.rank for s in others if _failed_on_its_own(s, records.get(s.rank))}
-    knock_on = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
-                for s in others if s.rank not in own}
-    also_failed = {s.rank: _knock_on_reason(s, records.get(s.rank), root.rank)
-                   for s in others if s.rank in own}
+    reasons = {s.rank: exit_abort.reason(s) if s.rank in done else
+               _knock_on_reason(s, records.get(s.rank), root.rank) for s in others}
+    knock_on = {r: why for r, why in reasons.items() if r not in own | done}
+    also_failed = {r: why for r, why in reasons.items() if r in own | done}
     record = records.get(root.rank)
     trace = record["traceback"] if record else describe_crash(logs[root.rank])
     return WorkerError(root.rank, root.exitcode, "" if root.exitcode == 0 else trace, logs,
-                       knock_on, hint=hint, also_failed=also_failed)
+                       knock_on, hint=hint, also_failed=also_failed,
+                       values=exit_abort.values_so_far(run), finished=root.rank in done)
 
 
 def _blame(run: RunRecord, failed: list[RankRecord], records) -> tuple[RankRecord, str]:

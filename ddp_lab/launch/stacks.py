@@ -85,6 +85,17 @@ def describe_crash(log: str) -> str:
     return "\n".join(log.splitlines()[-40:])
 
 
+def no_python_running(log: str) -> bool:
+    """Whether the last fatal-signal report in ``log`` (faulthandler's, see worker.py and
+    torchrun's PYTHONFAULTHANDLER=1) lists threads and none of them runs Python code. The
+    main thread runs the script's module frame until the script ends, so then the process
+    died after its script had finished: in the interpreter's exit."""
+    if "Fatal Python error" not in log:
+        return False
+    threads = _split_threads(log.rpartition("Fatal Python error")[2])
+    return bool(threads) and not any(frames for _, frames in threads)
+
+
 def waiting_in(stack: str) -> str | None:
     """The innermost torch.distributed call of a formatted stack, e.g. 'all_reduce'; or, when
     there is none but a thread started in C++ waits for the GIL, a process group's destructor

@@ -123,13 +123,23 @@ def _run_target(spec: RankSpec) -> int:
             _write_result(files.result(spec.rank), _call_function(spec, files))
         else:
             _run_script(spec)
+        _mark_finished(files.finished(spec.rank))
         _destroy_group()
         return 0
     except SystemExit as exc:
-        return _exit_code(exc)
+        code = _exit_code(exc)
+        if code == 0:  # sys.exit(0) ends a script as its last line does
+            _mark_finished(files.finished(spec.rank))
+        return code
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
         _record_error(files.error(spec.rank), exc)
         return 1
+
+
+def _mark_finished(path: Path) -> None:
+    """The user's code returned: whatever kills the rank from now on (destroying the
+    group, the exit) is teardown, and the launcher says so (outcome.py)."""
+    path.write_text(f"{time.monotonic()}\n")
 
 
 def _serve_calls(spec: RankSpec, calls_fd: int, replies_fd: int) -> int:

@@ -125,6 +125,7 @@ def demo_basic_broken(rank, world_size):
 """
 
 
+@pytest.mark.slow  # a kernel's start
 def test_a_real_kernels_tutorial_function_shows_its_raising_line(tmp_path):
     from kernel_helpers import execute, start_kernel
     manager, client = start_kernel(tmp_path)
