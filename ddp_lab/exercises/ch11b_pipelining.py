@@ -118,5 +118,6 @@ EXERCISES = (
         summary="pipeline_bubble(spans): the pipeline's idle share from every rank's own spans",
         hint="all_reduce the earliest start (ReduceOp.MIN), the latest end (MAX) and the busy "
              "time (SUM) in float64 tensors; bubble = 1 - busy / (world_size x (end - start)).",
-        solution=pipeline_bubble, checker=check_interleaved_bubble),
+        solution=pipeline_bubble, checker=check_interleaved_bubble,
+        answered_by=("ddp_lab.course.ch11_meshes.pipeline:bubble",)),
 )
