@@ -73,6 +73,13 @@ def test_spawn_quotes_the_cells_raising_line(cell):
     assert "crash_on_rank_one(rank)" in caught.value.traceback  # the caller's line too
 
 
+def test_live_ranks_quote_the_cells_raising_line(cell):
+    with ddp_lab.Ranks(world_size=2) as ranks:
+        with pytest.raises(ddp_lab.WorkerError) as caught:
+            ranks.run(cell["crash_on_rank_one"])
+    _assert_quotes_the_cell(caught.value)
+
+
 def _assert_quotes_the_cell(err: ddp_lab.WorkerError) -> None:
     assert err.rank == 1
     assert "notebook-cell-under-test.py" in err.traceback
