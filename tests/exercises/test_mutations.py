@@ -1,7 +1,7 @@
 """Every exercise's checker against plausible wrong answers: each must be rejected with a
 message that points at the mistake, and names the seed that reproduces it.
 
-The wrong answers (mutants_ch*.py) are the ones a learner really writes: a closed form, a
+The wrong answers (mutants_*.py) are the ones a learner really writes: a closed form, a
 sleep for a barrier, the switched-off built-in, an off-by-one rank, the wrong chunk, no
 average, no broadcast, an all-reduce after backward. The checkers draw a fresh seed each
 time, so these tests also show that a mistake is caught whatever seed they draw. That the
@@ -10,22 +10,21 @@ reference solutions pass, as a notebook's solved cell, is test_notebook_cells.py
 
 from __future__ import annotations
 
+import importlib
 import re
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 import ddp_lab.exercises as ex
-import mutants_ch00_ch04
-import mutants_ch05_ch07
-import mutants_ch08_ch09
-import mutants_ch10_ch11
-import mutants_ch11b
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("warm_fork_server")]
 
-MUTANTS = (mutants_ch00_ch04.MUTANTS + mutants_ch05_ch07.MUTANTS + mutants_ch08_ch09.MUTANTS
-           + mutants_ch10_ch11.MUTANTS + mutants_ch11b.MUTANTS)
+# Every mutants_*.py next to this file (pytest puts this folder on sys.path): a chapter's
+# new exercise brings its wrong answers in a module of its own, and this one test takes them.
+MUTANTS = [mutant for path in sorted(Path(__file__).parent.glob("mutants_*.py"))
+           for mutant in importlib.import_module(path.stem).MUTANTS]
 
 
 @pytest.mark.parametrize("name, wrong, phrase", MUTANTS,
