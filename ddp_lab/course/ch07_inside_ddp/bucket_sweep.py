@@ -25,7 +25,7 @@ from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
 from ddp_lab.course.ch07_inside_ddp.overlap import TIMELINE_MODEL, all_reduce_after_backward
 from ddp_lab.course.timing import time_in_turns
 
-DEFAULT_CAP = None  # DDP's default: 25 MB buckets after a first one of 1 MiB
+DEFAULT_CAP = None  # DDP's default: 25 MiB buckets after a first one of 1 MiB
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def bucket_map(layouts: list[dict]) -> Figure:
 
 
 def _cap_text(cap_mb) -> str:
-    return "default (25 MB, first bucket 1 MiB)" if cap_mb is None else f"bucket_cap_mb={cap_mb:g}"
+    return "default (25 MiB, first bucket 1 MiB)" if cap_mb is None else f"bucket_cap_mb={cap_mb:g}"
 
 
 def _draw_bucket(ax, y, left, names, sizes, color, index) -> None:
@@ -70,7 +70,7 @@ def sweep_curve(result: dict) -> Figure:
     ax.plot(caps, [ms[c] for c in caps], "o-", color="#4c72b0", label="DDP, median step")
     if None in result["caps"]:
         ax.plot(25, ms[None], "*", color="#dd8452", markersize=13,
-                label="DDP's default (25 MB, first bucket 1 MiB)")
+                label="DDP's default (25 MiB, first bucket 1 MiB)")
     references = {"no overlap (all-reduce after backward)": ("no overlap", "#c44e52", "--"),
                   "backward only (no communication)": ("backward only", "#55a868", ":")}
     for label, (key, color, style) in references.items():
