@@ -15,10 +15,13 @@ module, take turns step by step in the same run (``course.timing``):
 - "prefetch": each layer prefetches the next one in forward
   (``set_modules_to_forward_prefetch``) and the previous one in backward
   (``set_modules_to_backward_prefetch``), with ``async_op=True`` so that gloo moves the
-  bytes on its own thread while this one computes. torch 2.13 reaches that only through the
-  private ``_set_unshard_async_op(True)`` (its docstring: "you must use explicit
-  prefetching ... in forward to still get overlap"): torch/distributed/fsdp/_fully_shard/
-  _fully_shard.py. The bytes are the same; only when they move changes.
+  bytes on its own thread while this one computes. Combined with those two setters, torch
+  2.13 reaches that only through the private ``_set_unshard_async_op(True)`` (its
+  docstring: "you must use explicit prefetching ... in forward to still get overlap"):
+  torch/distributed/fsdp/_fully_shard/_fully_shard.py. The public way is to call
+  ``next_layer.unshard(async_op=True)`` yourself, e.g. from a forward pre-hook; FSDP waits
+  for the returned handle in that layer's pre-forward. The bytes are the same; only when
+  they move changes.
 - "keep weights": ``reshard_after_forward=False``: no all-gathers in backward at all, for
   the memory of the full weights between forward and backward.
 
