@@ -45,7 +45,7 @@ GLOO_EXIT_ADVICE = (
     "before destroy_process_group() (del ddp_model), or end with sys.stdout.flush(); "
     "os._exit(0) right after destroy_process_group(). ddp_lab's own launcher "
     "(run_script without launcher='torchrun') never runs a rank's interpreter exit.")
-TEARDOWN_ADVICE = (
+AFTER_RETURN_ADVICE = (
     "Its code had returned, so this happened while the process was being torn down "
     "(the process group destroyed, or the interpreter's exit): look at what the script "
     "leaves for that time (atexit handlers, threads, objects freed at exit).")
@@ -80,7 +80,7 @@ def advice(run: RunRecord, state: RankRecord) -> str:
              % state.rank if arrived else
              "It sent no value (return value or ddp_lab.report); the values that arrived "
              "are in err.values.",
-             GLOO_EXIT_ADVICE if GLOO_EXIT_ABORT in state.log else TEARDOWN_ADVICE]
+             GLOO_EXIT_ADVICE if GLOO_EXIT_ABORT in state.log else AFTER_RETURN_ADVICE]
     return "\n".join(lines)
 
 

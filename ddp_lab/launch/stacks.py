@@ -114,8 +114,11 @@ TEARDOWN_ADVICE = (
     "the group is freed). A thread listed without a Python frame is one the group started "
     "in C++, waiting for the GIL that the main thread holds while it waits for that thread "
     "to end: a deadlock. The usual cause is destroy_process_group() called while a DDP "
-    "model still lives, as the DDP tutorial's cleanup() does: free the model first "
-    "(del ddp_model), then destroy the group.")
+    "model still lives, as the DDP tutorial's cleanup() and its elastic_ddp.py do: free "
+    "the model first (del ddp_model), then destroy the group. Importing "
+    "torch.distributed.nn before init_process_group (the fix for an abort at exit) makes "
+    "this hang likelier unless the model goes first: the model then holds the group's "
+    "last reference.")
 
 
 def in_teardown(stack: str) -> bool:

@@ -76,7 +76,7 @@ def test_a_death_after_fn_returned_keeps_the_values():
     err = caught.value
     assert err.finished and err.rank == 1 and err.values == [0, 1]
     assert "after its code had returned" in str(err)
-    assert exit_abort.TEARDOWN_ADVICE in str(err)  # not gloo's known abort
+    assert exit_abort.AFTER_RETURN_ADVICE in str(err)  # not gloo's known abort
 
 
 @pytest.mark.parametrize("log, last", [
@@ -89,3 +89,40 @@ def test_a_death_after_fn_returned_keeps_the_values():
 ])
 def test_last_line_stops_at_the_crash_report(log, last):
     assert exit_abort.last_line(log) == last
+
+
+# What PyTorch's DDP tutorial's elastic_ddp.py (gloo, with ``import torch.distributed.nn``
+# added at its top) printed when it hung under torchrun on 2 busy cores (4 of 8 runs; SIGABRT
+# sent after 75 s for this report): the main thread still on the line calling demo_basic(),
+# freeing its locals, the DDP model destroys the group it holds last, with the GIL; gloo's
+# thread (no Python frame) waits for the GIL to drop its last work. With ``del ddp_model``
+# before destroy_process_group(): 8 of 8 runs finished.
+ELASTIC_DDP_HANG = """\
+Finished running basic DDP example on rank 0.
+Fatal Python error: Aborted
+
+Thread 0x00007f5cdce126c0 (most recent call first):
+  <no Python frame>
+
+Current thread 0x00007f5cfd847b80 (most recent call first):
+  File "/tmp/ex/elastic_ddp.py", line 45 in <module>
+
+Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
+"""
+EXIT_ABORT = """\
+rank 1 done
+terminate called without an active exception
+Fatal Python error: Aborted
+
+Current thread 0x00007f5cfd847b80 (most recent call first):
+  <no Python frame>
+"""
+
+
+def test_the_elastic_tutorials_hang_is_a_teardown_hang_not_an_exit_abort():
+    from ddp_lab.launch.stacks import TEARDOWN_ADVICE, format_dump, hang_advice, no_python_running
+    assert not no_python_running(ELASTIC_DDP_HANG)  # its script had not ended
+    assert no_python_running(EXIT_ABORT)
+    stack = format_dump(ELASTIC_DDP_HANG)
+    assert hang_advice([stack]) == TEARDOWN_ADVICE
+    assert "del ddp_model" in TEARDOWN_ADVICE and "torch.distributed.nn" in TEARDOWN_ADVICE
