@@ -26,6 +26,10 @@ def test_mesh_groups_and_hierarchical_all_reduce():
         a = v["all_reduce"]
         assert torch.equal(a["after_dp"], a["flat"]) and a["flat"][0] == 1111
         assert [g for _, _, g in a["calls"]] == [2, 2]
+        assert torch.equal(a["rs_ar_ag"], a["flat"])           # RS -> AR(shard) -> AG
+        assert [(n, g) for n, _, g in a["rs_calls"]] == [
+            ("_reduce_scatter_base_", 2), ("allreduce_", 2), ("_allgather_base_", 2)]
+        assert a["rs_calls"][1][1] * 2 == a["calls"][1][1]     # the "dp" hop: half the bytes
     assert isinstance(plots.mesh_picture(values), Figure)
 
 

@@ -37,18 +37,29 @@ def mesh_groups() -> dict:
 def hierarchical_all_reduce() -> dict:
     """All-reduce ``10 ** rank`` along "tp" first, then along "dp": every rank ends with
     the sum over all 4 ranks, as one flat all-reduce gives, in two smaller steps (the
-    traced calls show each one's group size)."""
+    traced calls show each one's group size). Then the bandwidth-saving form of a
+    hierarchical all-reduce: reduce-scatter along "tp", all-reduce only this rank's shard
+    along "dp", all-gather along "tp" (``rs_calls``): the "dp" hop moves 1/k of the bytes."""
     mesh = make_mesh()
+    tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
     mine = torch.full((4,), 10.0 ** dist.get_rank())
     hierarchical = mine.clone()
     with CollectiveTrace(dist.get_world_size()) as trace:
-        dist.all_reduce(hierarchical, group=mesh.get_group("tp"))
+        dist.all_reduce(hierarchical, group=tp)
         after_tp = hierarchical.clone()
-        dist.all_reduce(hierarchical, group=mesh.get_group("dp"))
+        dist.all_reduce(hierarchical, group=dp)
+    shard = torch.empty(mine.numel() // dist.get_world_size(tp))
+    rs_ar_ag = torch.empty_like(mine)
+    with CollectiveTrace(dist.get_world_size()) as rs_trace:
+        dist.reduce_scatter_tensor(shard, mine.clone(), group=tp)
+        dist.all_reduce(shard, group=dp)
+        dist.all_gather_into_tensor(rs_ar_ag, shard, group=tp)
     flat = mine.clone()
     dist.all_reduce(flat)
     return {"mine": mine, "after_tp": after_tp, "after_dp": hierarchical, "flat": flat,
-            "calls": [(c.name, c.nbytes, c.group_size) for c in trace.calls]}
+            "rs_ar_ag": rs_ar_ag,
+            "calls": [(c.name, c.nbytes, c.group_size) for c in trace.calls],
+            "rs_calls": [(c.name, c.nbytes, c.group_size) for c in rs_trace.calls]}
 
 
 def tour() -> dict:

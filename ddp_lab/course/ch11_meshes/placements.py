@@ -2,11 +2,13 @@
 
 A DTensor is a global tensor described by a mesh and one placement per mesh dimension:
 ``Shard(d)`` (each rank holds a slice along dim d), ``Replicate()`` (each rank holds all of
-it) or ``Partial()`` (each rank holds a summand; the global tensor is their sum).
-``redistribute`` changes the placement, and each change is one collective
+it) or ``Partial()`` (each rank holds a term; the global tensor is their reduction, a sum
+by default). ``redistribute`` changes the placement with at most one collective
 (torch/distributed/tensor/_redistribute.py): Shard -> Replicate is an all-gather,
 Partial -> Replicate an all-reduce, Partial -> Shard a reduce-scatter, Shard(i) ->
-Shard(j) an all-to-all, and Replicate -> Shard only a local slice, no communication.
+Shard(j) an all-to-all (on a CPU mesh: an all-gather and a local chunk,
+``shard_dim_alltoall``), while Replicate -> Shard is only a local slice and Replicate ->
+Partial a local split: no communication.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 parallel along "tp", on 4 ranks as a 2 x 2 mesh. Each "tp" pair holds one copy of the MLP,
 split column/row-wise by ``parallelize_module``, and trains on its own rows of the global
 batch; FSDP2's ``fully_shard`` on the "dp" sub-mesh then shards each tensor-parallel slice
-again over the data-parallel ranks and averages their gradients (the FSDP + TP recipe of
-https://pytorch.org/tutorials/intermediate/TP_tutorial.html).
+again over the data-parallel ranks and averages their gradients (FSDP + TP as in
+https://pytorch.org/tutorials/intermediate/TP_tutorial.html, in its smallest form: the
+tutorial shards every block and then the root; ``fully_shard`` on the root only makes the
+whole MLP one unit, enough for a correctness check).
 """
 
 from __future__ import annotations
