@@ -110,3 +110,22 @@ def test_paced_layers_equal_plain_linear_layers():
     paced.load_state_dict(plain.state_dict())
     x = torch.randn(3, 8)
     torch.testing.assert_close(paced(x), plain(x))
+
+
+def _others(config):
+    import torch.distributed.pipelining as pp
+    schedules = [pipelining.Schedule("interleaved zero bubble", pp.ScheduleInterleavedZeroBubble, virtual=2),
+                 pipelining.Schedule("DualPipeV", pp.ScheduleDualPipeV, virtual=2, v_shape=True),
+                 pipelining.Schedule("looped BFS", pp.ScheduleLoopedBFS, virtual=2)]
+    return {s.name: pipelining.run_schedule(s, config) for s in schedules}
+
+
+def test_the_other_schedules_the_notebook_names_run_timed_and_equal_one_process():
+    """Notebook 11b says Schedule(name, cls, virtual=2, v_shape=...) describes torch's other
+    multi-stage schedules to run_schedule: they run with TimedStage and give one process's
+    gradients too."""
+    config = pipe_model.PipeliningConfig(pace=pipe_model.Pace(0.0, 0.0, 0.0))
+    library = ddp_lab.run(_others, world_size=4, args=(config,), echo=False, timeout=180).values
+    ref = pipe_model.reference(config, 4)
+    for name in library[0]:
+        torch.testing.assert_close(layer_grads(library, name), ref["grads"])
