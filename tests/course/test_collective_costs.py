@@ -64,3 +64,14 @@ def test_mismatched_shapes_error_silently_crash_or_hang():
         "broadcast from the last rank": "crash", "all_reduce": "hang",
         "all_reduce, DETAIL debug": "error"}
     assert "shapes" in outcomes["all_reduce, DETAIL debug"][1]
+
+
+def test_detail_adds_a_monitored_barrier_and_two_all_gathers_per_collective():
+    values = ddp_lab.run(costs.detail_check_calls, 3, echo=False).values
+    for rank, calls in enumerate(values):
+        assert calls["plain"] == ["gloo:all_reduce"]
+        assert calls["DETAIL"].count("gloo:all_gather") == 2
+        assert calls["DETAIL"].count("gloo:all_reduce") == 1
+        # the monitored barrier: rank 0 hears from every other rank and answers each
+        assert calls["DETAIL"].count("gloo:send") == calls["DETAIL"].count("gloo:recv") == (
+            2 if rank == 0 else 1)

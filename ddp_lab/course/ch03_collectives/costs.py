@@ -168,6 +168,26 @@ MISMATCH_CASES = ("all_gather", "broadcast from rank 0", "broadcast from the las
                   "all_reduce")
 
 
+def detail_check_calls() -> dict[str, list[str]]:
+    """The gloo operations one ``all_reduce`` runs on this rank, as torch's profiler records
+    them, in a group made under ``DebugLevel.DETAIL`` and in a plain one. DETAIL wraps the
+    group (``ProcessGroupWrapper::runCollectiveChecks``): before the collective, a monitored
+    barrier on a helper gloo group (rank 0 receives from and answers every other rank) and
+    two all-gathers (the fingerprint's size, then the fingerprint)."""
+    from torch.profiler import ProfilerActivity, profile
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    checked = dist.new_group(backend="gloo")
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    plain = dist.new_group(backend="gloo")
+    calls = {}
+    for name, group in (("DETAIL", checked), ("plain", plain)):
+        dist.all_reduce(torch.ones(4), group=group)  # the first call also connects: not timed
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            dist.all_reduce(torch.ones(4), group=group)
+        calls[name] = sorted(e.name for e in prof.events() if e.name.startswith("gloo:"))
+    return calls
+
+
 def try_mismatches(world_size: int = 2, timeout: float = 3.0) -> dict:
     """Run each mismatched case (and all_reduce once more under DETAIL checks); return
     case -> (outcome, detail), with a short timeout so a hang costs seconds."""
