@@ -252,8 +252,8 @@ def _train_cnn_under_torchrun(env_extra: dict, tmp_path: Path) -> tuple[float, s
     env = {**os.environ, **env_extra,
            "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=1", "-m", "ddp_lab.scripts.train_cnn", "--epochs", "2",
-               "--no-progress"]
+               "--nproc-per-node=1", f"--log-dir={tmp_path / 'logs'}",  # else /tmp/torchelastic_*
+               "-m", "ddp_lab.scripts.train_cnn", "--epochs", "2", "--no-progress"]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
