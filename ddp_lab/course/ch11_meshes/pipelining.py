@@ -30,7 +30,6 @@ SCHEDULES = (
     Schedule("Interleaved 1F1B", pp.ScheduleInterleaved1F1B, virtual=2),
     Schedule("ZBV zero bubble", pp.ScheduleZBVZeroBubble, virtual=2, v_shape=True),
 )
-BY_NAME = {s.name: s for s in SCHEDULES}
 
 
 def stages_of(schedule: Schedule, rank: int, ranks: int) -> list[int]:
@@ -98,9 +97,9 @@ def run_schedule(schedule: Schedule, config: PipeliningConfig) -> dict:
                       for i in mine}}
 
 
-def all_schedules(config: PipeliningConfig = PipeliningConfig(), names=None) -> dict:
-    """Every schedule of SCHEDULES (or those named), one after the other on the same ranks."""
-    return {s.name: run_schedule(s, config) for s in SCHEDULES if names is None or s.name in names}
+def all_schedules(config: PipeliningConfig = PipeliningConfig()) -> dict:
+    """Every schedule of SCHEDULES, one after the other on the same ranks."""
+    return {s.name: run_schedule(s, config) for s in SCHEDULES}
 
 
 def order(spans: list) -> list[str]:
