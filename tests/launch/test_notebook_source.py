@@ -30,6 +30,11 @@ CELL = textwrap.dedent("""\
             raise ValueError("rank 1 read a corrupt batch")
         dist.barrier()
 
+    def sleeps_on_rank_one():
+        if dist.get_rank() == 1:
+            import time; time.sleep(3600)
+        dist.barrier()
+
     def spawned(rank, world_size):
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         crash_on_rank_one(rank)
@@ -71,6 +76,14 @@ def test_spawn_quotes_the_cells_raising_line(cell):
         ddp_lab.spawn(cell["spawned"], args=(2,), nprocs=2, echo=False)
     _assert_quotes_the_cell(caught.value)
     assert "crash_on_rank_one(rank)" in caught.value.traceback  # the caller's line too
+
+
+def test_a_hangs_stacks_quote_the_cells_lines(cell):
+    with pytest.raises(ddp_lab.WorkerTimeout) as caught:
+        ddp_lab.run(cell["sleeps_on_rank_one"], world_size=2, timeout=5, echo=False)
+    stacks = caught.value.stacks
+    assert "import time; time.sleep(3600)" in stacks[1], stacks[1]
+    assert "dist.barrier()" in stacks[0], stacks[0]
 
 
 def test_live_ranks_quote_the_cells_raising_line(cell):
