@@ -152,6 +152,19 @@ class OutputReader:
                 outputs += self._read_one(key.data)
         return outputs
 
+    def read_to_the_end(self, quiet_s: float, until: float) -> list[Output]:
+        """Read every pipe to its end, for writers that have exited. A pipe that one of
+        their children still holds open never ends: stop once all have been quiet for
+        ``quiet_s`` (or at ``until``)."""
+        outputs: list[Output] = []
+        quiet_until = time.monotonic() + quiet_s
+        while self.open and time.monotonic() < min(quiet_until, until):
+            more = self.read(min(quiet_until, until))
+            outputs += more
+            if more:
+                quiet_until = time.monotonic() + quiet_s
+        return outputs
+
     def flush(self) -> list[Output]:
         """Every unfinished line as a line, for a reader that stops before the end."""
         return [out for key in self._selector.get_map().values() for out in key.data.flush()]

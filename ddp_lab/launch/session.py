@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from ddp_lab.launch.bound import (DRAIN_QUIET_S, END_WAIT_S, FAILURE_GRACE_S, KILL_WAIT_S,
-                                  STACK_WAIT_S, START_SLACK_S)
+                                  START_SLACK_S)
 from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
 from ddp_lab.launch.echo import make_echo
 from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
@@ -159,21 +159,11 @@ class Session:
             self._pump(max(0.0, wakeup - now))
             self.echo.tick()
             heartbeat.maybe_beat(self.started, [s.rank for s in self.ranks if s.running])
-        self._read_to_the_end()
+        # every rank exited, so all it printed is in its pipe, maybe much of it unread (the
+        # echo may lag): read it all before the run returns, or res.logs lose their tails
+        for out in self.output.read_to_the_end(DRAIN_QUIET_S, self.limit):
+            self._show(out)
         self.seconds = time.monotonic() - self.started
-
-    def _read_to_the_end(self) -> None:
-        """Every rank has exited, so all it printed is in its pipe, possibly much of it
-        still unread (the echo may have lagged): read each pipe to its end before the run
-        returns, or the tail of ``res.logs`` is lost. A pipe that a rank's leftover child
-        still holds open never ends: stop once it has been quiet for DRAIN_QUIET_S."""
-        quiet_until = time.monotonic() + DRAIN_QUIET_S
-        while self.output.open and time.monotonic() < min(quiet_until, self.limit):
-            outputs = self.output.read(min(quiet_until, self.limit))
-            for out in outputs:
-                self._show(out)
-            if outputs:
-                quiet_until = time.monotonic() + DRAIN_QUIET_S
 
     def _enforce(self, now: float, deadline: float) -> None:
         running = [s for s in self.ranks if s.running]
@@ -247,14 +237,8 @@ class Session:
                 state.exit_time = time.monotonic()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
-        from ddp_lab.launch.stacks import read_stack_dump
-        for rank in ranks:
-            self.server.signal(self.ranks[rank].pid, signal.SIGUSR1)
-        until = time.monotonic() + STACK_WAIT_S
-        stacks = {}
-        for rank in ranks:
-            stacks[rank] = read_stack_dump(self.files.stack(rank), until)
-        return stacks
+        from ddp_lab.launch.stacks import collect_stacks
+        return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files)
 
     def _abandon_server(self, when: str) -> None:
         """The fork server stopped answering: kill it with its ranks and say so."""

@@ -15,7 +15,22 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 # started in C++ holds a Python thread state: it holds or waits for the GIL.
 NO_PYTHON_FRAME = "  (no Python frame: a thread started in C++, holding or waiting for the GIL)"
 _LAUNCHER_FILES = ("ddp_lab/launch/worker.py", "ddp_lab/launch/cell.py",
-                   "ddp_lab/launch/spawn.py", "ddp_lab/launch/zygote.py", "<frozen runpy>")
+                   "ddp_lab/launch/spawn.py", "ddp_lab/launch/zygote.py", "<frozen runpy>",
+                   "ddp_lab/launch/live/rank_loop.py")
+
+
+def collect_stacks(server, pids: dict[int, int], files, offsets=None) -> dict[int, str]:
+    """Ask each stuck rank (rank -> pid) for its stack and read them all within
+    STACK_WAIT_S: SIGUSR1 makes faulthandler write it from the C signal handler, so it comes
+    even from inside a blocked collective (worker.py arms it)."""
+    import signal
+
+    from ddp_lab.launch.bound import STACK_WAIT_S
+    for pid in pids.values():
+        server.signal(pid, signal.SIGUSR1)
+    until = time.monotonic() + STACK_WAIT_S
+    return {rank: read_stack_dump(files.stack(rank), until, (offsets or {}).get(rank, 0))
+            for rank in pids}
 
 
 def read_stack_dump(path: Path, until: float, offset: int = 0) -> str:

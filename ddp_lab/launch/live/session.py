@@ -16,7 +16,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ddp_lab.launch.bound import FAILURE_GRACE_S, INTERRUPT_WAIT_S, KILL_WAIT_S, STACK_WAIT_S
+from ddp_lab.launch.bound import FAILURE_GRACE_S, INTERRUPT_WAIT_S, KILL_WAIT_S
 from ddp_lab.launch.echo import make_echo
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.live.frames import Call, FrameReader, RankGone, Reply, send
@@ -198,12 +198,10 @@ class LiveSession(Session):
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
         """As a one-shot run's, except that a live rank's file keeps its earlier dumps."""
-        from ddp_lab.launch.stacks import read_stack_dump
+        from ddp_lab.launch.stacks import collect_stacks
         offsets = {r: _size(self.files.stack(r)) for r in ranks}
-        for rank in ranks:
-            self.server.signal(self.ranks[rank].pid, signal.SIGUSR1)
-        until = time.monotonic() + STACK_WAIT_S
-        return {r: read_stack_dump(self.files.stack(r), until, offsets[r]) for r in ranks}
+        return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files,
+                              offsets)
 
     def logs(self, call: CallState) -> list[str]:
         """Each rank's lines of this call (all ranks, in rank order)."""
