@@ -87,9 +87,40 @@ def test_hooks_send_the_bytes_they_should():
         powersgd = per_rank["PowerSGD rank 1"]
         assert powersgd["bytes"][:2] == [4 * params] * 2  # start_powerSGD_iter=2
         assert powersgd["bytes"][2:] == [4 * powersgd_floats(comm_hooks.HOOK_MODEL)] * 2
+        (device,) = {r["device"] for r in per_rank.values()}  # a GPU where there is one
+        assert device.startswith("cuda" if torch.cuda.is_available() else "cpu")
     for name, r in results[0].items():  # every rank saw the same global loss
         assert r["loss"] == results[1][name]["loss"]
     assert isinstance(pictures.hook_curves(results[0]), Figure)
+
+
+@pytest.mark.parametrize("backend, gpus, local_rank, expected", [
+    ("gloo", 0, 1, "cpu"),                    # no GPU
+    ("gloo", 1, 1, "cuda:0"),                 # 2 ranks, 1 GPU: gloo on the shared GPU
+    ("gloo", 2, 3, "cuda:1"),
+    ("cpu:gloo,cuda:nccl", 2, 1, "cuda:1"),   # "auto" with a GPU per rank: its own
+    ("cpu:gloo", 1, 0, "cpu"),                # a group that cannot move CUDA tensors
+])
+def test_hook_device_is_a_gpu_wherever_the_group_can_use_one(backend, gpus, local_rank, expected):
+    from ddp_lab.course.ch07_inside_ddp.workload import hook_device
+    assert str(hook_device(backend, gpus, local_rank)) == expected
+
+
+def test_powersgd_synchronizes_cuda_whenever_it_is_available():
+    """torch 2.13's powerSGD_hook.py: ``if torch.cuda.is_available():
+    torch.cuda.synchronize(device)``, with the bucket's device, in both hooks (so CPU
+    tensors fail on a machine with CUDA; notebook 07 says so, hook_device avoids it)."""
+    import inspect
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    from ddp_lab.course.ch07_inside_ddp.workload import powersgd_cuda_sync_lines
+    lines = powersgd_cuda_sync_lines()
+    assert len(lines) == 2, lines
+    source = inspect.getsource(powerSGD_hook).splitlines()
+    for line in lines:
+        assert source[line - 1].strip() == "if torch.cuda.is_available():"
+        assert source[line].strip() == "torch.cuda.synchronize(device)"
 
 
 def compressed_gradients(hooks: dict) -> dict:

@@ -14,6 +14,7 @@ the process group from C++, out of its sight; ``allreduce_hook`` does the same i
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import torch
@@ -22,7 +23,9 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp, rank_slice, regression_data
+from ddp_lab.course.ch07_inside_ddp.workload import (MLPConfig, hook_device, make_mlp, rank_slice,
+                                                     regression_data)
+from ddp_lab.course.params import device_ids
 
 HOOK_MODEL = MLPConfig(inputs=64, width=256, depth=3, outputs=8)
 
@@ -82,14 +85,16 @@ HOOKS = {
 
 def train_with_hook(name: str, config: MLPConfig = HOOK_MODEL, steps: int = 40,
                     batch: int = 32, lr: float = 0.1) -> dict:
-    """On each rank: train the regression task with hook ``name``; per step the loss of
+    """On each rank: train the regression task with hook ``name``, on ``hook_device`` (a
+    GPU wherever there is one: PowerSGD fails on CPU tensors there); per step the loss of
     the global batch, and the all-reduce calls and bytes this rank sent in backward."""
-    model = make_mlp(config)
-    ddp = DDP(model)
+    device = _device()
+    model = make_mlp(config).to(device)
+    ddp = DDP(model, device_ids=device_ids(device))
     ddp.register_comm_hook(*HOOKS[name]())
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
-    x, y = regression_data(config, steps * batch * dist.get_world_size())
-    out = {"loss": [], "calls": [], "bytes": []}
+    x, y = (t.to(device) for t in regression_data(config, steps * batch * dist.get_world_size()))
+    out = {"loss": [], "calls": [], "bytes": [], "device": str(device)}
     for step in range(steps):
         optimizer.zero_grad()
         with counting_all_reduce() as counts:
@@ -100,6 +105,14 @@ def train_with_hook(name: str, config: MLPConfig = HOOK_MODEL, steps: int = 40,
         out["calls"].append(counts["calls"])
         out["bytes"].append(counts["bytes"])
     return out
+
+
+def _device() -> torch.device:
+    device = hook_device(dist.get_backend(), torch.cuda.device_count(),
+                         int(os.environ.get("LOCAL_RANK", 0)))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # the rank's CUDA context on its GPU, not always GPU 0
+    return device
 
 
 def compare_hooks(names=tuple(HOOKS), steps: int = 40) -> dict:

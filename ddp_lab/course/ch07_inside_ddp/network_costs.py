@@ -140,11 +140,17 @@ def compare(config: StepConfig = StepConfig(), bandwidths: dict | None = None,
     return results
 
 
+# The lessons time CPU steps against a link. On a machine with CUDA the ranks must not see
+# it: PowerSGD's hook calls torch.cuda.synchronize(bucket's device) whenever CUDA is
+# available, which fails on CPU tensors (workload.powersgd_cuda_sync_lines).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
+
+
 def _run(config: StepConfig, lessons: tuple, bandwidth: str | None, timeout: float) -> dict:
     import ddp_lab
     network = ddp_lab.Network(bandwidth) if bandwidth else None
-    return ddp_lab.run(step_times, world_size=2, args=(config, lessons), timeout=timeout,
-                       network=network, echo=False)[0]
+    return ddp_lab.run(step_times, world_size=2, args=(config, lessons), backend="gloo",
+                       timeout=timeout, env=CPU_ONLY, network=network, echo=False)[0]
 
 
 def matching_bandwidth(loopback: dict, ratio: float) -> str:

@@ -19,6 +19,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from ddp_lab.launch.backends import cuda_backend
+
 
 @dataclass(frozen=True)
 class MLPConfig:
@@ -57,6 +59,33 @@ def regression_data(config: MLPConfig, samples: int, seed: int = 1):
     x = torch.randn(samples, config.inputs, generator=gen)
     teacher = torch.randn(config.inputs, config.outputs, generator=gen) / config.inputs ** 0.5
     return x, torch.tanh(x @ teacher * 2)
+
+
+def hook_device(backend: str, gpu_count: int, local_rank: int) -> torch.device:
+    """Where a rank of a group created with ``backend`` trains a model with a communication
+    hook: a GPU whenever the machine has one and the group moves CUDA tensors (its own GPU
+    under NCCL; under gloo, through host memory, GPUs may be shared), else the CPU.
+
+    Not the CPU on a machine with CUDA, because of PowerSGD: its hook calls
+    ``torch.cuda.synchronize(device)`` whenever ``torch.cuda.is_available()``, with its
+    bucket's device, and that raises "Expected a cuda device, but got: cpu" for CPU
+    tensors (powerSGD_hook.py in torch 2.13, in both powerSGD_hook and
+    batched_powerSGD_hook; ``powersgd_cuda_sync_lines`` finds them)."""
+    if gpu_count and cuda_backend(backend) is not None:
+        return torch.device("cuda", local_rank % gpu_count)
+    return torch.device("cpu")
+
+
+def powersgd_cuda_sync_lines() -> list[int]:
+    """The lines of torch's powerSGD_hook.py that synchronize CUDA whenever it is available,
+    whatever the bucket's device (two in torch 2.13: 630-631 and 854-855)."""
+    import inspect
+    import re
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    source = inspect.getsource(powerSGD_hook)
+    pattern = r"if torch\.cuda\.is_available\(\):\s*\n\s*torch\.cuda\.synchronize\(device\)"
+    return [source.count("\n", 0, m.start()) + 1 for m in re.finditer(pattern, source)]
 
 
 def rank_slice(tensor: torch.Tensor, step: int, per_rank: int) -> torch.Tensor:
