@@ -151,3 +151,15 @@ def test_a_closed_session_says_so():
     assert ranks.state == "closed"
     with pytest.raises(RuntimeError, match="closed"):
         ranks.exec("1")
+
+
+def test_a_shaped_session_runs_its_ranks_on_their_own_links():
+    """network= as for run: every live rank in a network namespace of its own (its link
+    shaped there), state and group kept across calls."""
+    mine = os.readlink("/proc/self/ns/net")
+    with ddp_lab.Ranks(world_size=2, network="1gbit", echo=False) as ranks:
+        ranks.exec("import os\nnet = os.readlink('/proc/self/ns/net')")
+        namespaces = ranks.pull("net")
+        assert len(set(namespaces)) == 2 and mine not in namespaces
+        assert ranks.run(workers.all_reduce_tensor, torch.ones(1)).values[1].item() == 3.0
+        assert ranks.pull("net") == namespaces
