@@ -163,3 +163,19 @@ def test_a_shaped_session_runs_its_ranks_on_their_own_links():
         assert len(set(namespaces)) == 2 and mine not in namespaces
         assert ranks.run(workers.all_reduce_tensor, torch.ones(1)).values[1].item() == 3.0
         assert ranks.pull("net") == namespaces
+
+
+def test_the_stop_button_on_ranks_inside_a_collective_restarts_them(capsys):
+    """SIGINT cannot reach Python code while a rank waits inside a collective: handled as a
+    hang (where each waits is printed), then new ranks."""
+    with ddp_lab.Ranks(world_size=2, timeout=60, echo=False) as ranks:
+        ranks.exec("lost = 1")
+        timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            ranks.exec("t = torch.zeros(1)\nif rank == 0:\n    dist.all_reduce(t)")
+        timer.join()
+        printed = capsys.readouterr().out
+        assert "rank 0 waits in all_reduce" in printed and "restarted" in printed
+        assert ranks.state == "ready"
+        assert ranks.exec("'lost' in globals()").values == [False, False]

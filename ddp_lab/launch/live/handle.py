@@ -135,13 +135,25 @@ class Ranks:
         if self._session is None:
             raise RuntimeError("these ranks are closed: ranks.restart() starts new ones, or "
                                "make a new ddp_lab.Ranks(...)")
-        call = self._session.call(kind, bodies, timeout or self._config.timeout)
+        try:
+            call = self._session.call(kind, bodies, timeout or self._config.timeout)
+        except KeyboardInterrupt:
+            self._restart_after_interrupt()
+            raise
         try:
             return verdict(self._session, call)
         except Exception as exc:
             if getattr(exc, "session", None) == "restart":
                 self.restart()
             raise
+
+    def _restart_after_interrupt(self) -> None:
+        """The stop button, and some rank would not stop (inside a collective): handled as
+        a hang, where each waits, then new ranks."""
+        if self._session.lost and "did not stop" in self._session.lost:
+            print(f"[ddp_lab] {self._session.lost}\n[ddp_lab] the ranks were restarted: a new "
+                  "process group, empty namespaces", flush=True)
+            self.restart()
 
     def _all(self) -> list[int]:
         return list(range(self.world_size))

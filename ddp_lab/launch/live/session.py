@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ddp_lab.launch.bound import FAILURE_GRACE_S, INTERRUPT_WAIT_S, KILL_WAIT_S
 from ddp_lab.launch.echo import make_echo
+from ddp_lab.launch.heartbeat import describe_ranks
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.live.frames import Call, FrameReader, RankGone, Reply, send
 from ddp_lab.launch.ranks import RankState
@@ -173,8 +174,10 @@ class LiveSession(Session):
         to reply; the call's KeyboardInterrupt is re-raised by the caller."""
         with deferred():
             self._interrupt(call)
-            if call.pending or call.died:
-                self.lost = self.lost or "the ranks did not stop at the interrupt"
+            if call.pending and not call.died:  # as a hang: where they wait, then restart
+                self.lost = stuck_report(call.pending, self._collect_stacks(call.pending))
+            elif call.died:
+                self.lost = f"rank {call.died[0]} died at the interrupt"
 
     def _interrupt(self, call: CallState) -> None:
         for rank in call.pending:
@@ -213,3 +216,14 @@ def _size(path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def stuck_report(ranks: list[int], stacks: dict[int, str]) -> str:
+    """Ranks that SIGINT could not stop, and where each waits (a collective, usually)."""
+    from ddp_lab.launch.stacks import waiting_in
+    lines = [f"{describe_ranks(ranks)} did not stop at the interrupt:"]
+    for rank in ranks:
+        where = waiting_in(stacks[rank])
+        lines.append(f"rank {rank} waits" + (f" in {where}:" if where else ":"))
+        lines += ["    " + line for line in stacks[rank].splitlines()]
+    return "\n".join(lines)
