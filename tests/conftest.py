@@ -26,6 +26,7 @@ import pytest
 
 import ddp_lab
 from ddp_lab.launch.spawner import launcher_pids
+from slow import is_slow
 
 pytest_plugins = ("pytester",)  # tests/test_leak_check.py runs the fixture on leaky tests
 
@@ -98,6 +99,14 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.getoption("--stress-runs"):  # read when test_stress.py is imported (repeats.py)
         os.environ["DDP_LAB_STRESS_RUNS"] = str(config.getoption("--stress-runs"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """The integration tier measured slow (tests/slow.py) gets its marker here."""
+    for item in items:
+        if is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_addoption(parser):
