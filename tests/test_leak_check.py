@@ -122,6 +122,7 @@ def test_each_kind_of_leak_fails_its_test(pytester, tmp_path, monkeypatch):
     monkeypatch.setenv("LEAK_RECORD", str(record))
     monkeypatch.setenv("COLUMNS", "1000")  # the short summary's reasons, not cut short
     monkeypatch.setenv("DDP_LAB_LEAK_GRACE_S", "1")  # these leaks never exit: no 10 s waits
+    monkeypatch.setenv("PYTHONPATH", str(CONFTEST.parent))  # the modules conftest imports
     pytester.makeconftest(CONFTEST.read_text() + CLEAN_AFTER_EACH_TEST
                           + inspect.getsource(remove_recorded))
     pytester.makepyfile(test_leaky=LEAKY_TESTS)
