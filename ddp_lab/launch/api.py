@@ -85,13 +85,14 @@ def with_network(config: LaunchConfig, network) -> LaunchConfig:
     return replace(config, network=check_network(network, config.world_size))
 
 
-def pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
-    """fn and its arguments as bytes, or a TypeError that says which part cannot travel."""
+def pickle_payload(fn, args: tuple, kwargs: dict, sources: dict | None = None) -> bytes:
+    """fn and its arguments as bytes, or a TypeError that says which part cannot travel.
+    ``sources``: the cells to ship for tracebacks (default: all of them)."""
     import cloudpickle
 
     from ddp_lab.launch.payload import dumps
     try:
-        return dumps((fn, args, kwargs, interactive_sources()))
+        return dumps((fn, args, kwargs, interactive_sources() if sources is None else sources))
     except Exception:  # noqa: BLE001 - pickling fails in many ways; find the culprit
         pass
     for what, obj in (("fn", fn), ("args", args), ("kwargs", kwargs)):

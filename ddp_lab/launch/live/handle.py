@@ -19,7 +19,7 @@ import itertools
 import weakref
 
 from ddp_lab.launch import checks
-from ddp_lab.launch.api import pickle_payload, prepare, with_network
+from ddp_lab.launch.api import interactive_sources, pickle_payload, prepare, with_network
 from ddp_lab.launch.config import LaunchConfig
 from ddp_lab.launch.live.session import LiveSession
 from ddp_lab.launch.live.verdict import verdict
@@ -50,7 +50,7 @@ class Ranks:
         checks.check_callable(fn)
         checks.check_signature(fn, args, kwargs, "ranks.run(fn, *args, **kwargs) calls "
                                "fn(*args, **kwargs) on every rank")
-        body = pickle_payload(fn, args, kwargs)
+        body = pickle_payload(fn, args, kwargs, self._new_sources())
         return self._call("run", dict.fromkeys(self._all(), body))
 
     def exec(self, source: str, on=None, *, timeout: float | None = None) -> RunResult:
@@ -124,6 +124,7 @@ class Ranks:
             finalizer()
             raise
         self._session, self._finalizer = session, finalizer
+        self._sources_sent: dict[str, int] = {}  # cell file name -> size, as shipped
 
     def _stop(self) -> None:
         if self._session is not None:
@@ -154,6 +155,14 @@ class Ranks:
             print(f"[ddp_lab] {self._session.lost}\n[ddp_lab] the ranks were restarted: a new "
                   "process group, empty namespaces", flush=True)
             self.restart()
+
+    def _new_sources(self) -> dict:
+        """The notebook's cells the ranks have not seen yet: live ranks keep the ones they
+        got (for tracebacks), so a call ships only what is new, not every cell again."""
+        fresh = {name: entry for name, entry in interactive_sources().items()
+                 if self._sources_sent.get(name) != entry[0]}
+        self._sources_sent.update({name: entry[0] for name, entry in fresh.items()})
+        return fresh
 
     def _all(self) -> list[int]:
         return list(range(self.world_size))
