@@ -115,11 +115,12 @@ def pytest_addoption(parser):
                           "$DDP_LAB_STRESS_RUNS, else 1000 with DDP_LAB_SOAK=1, else 100)")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def warm_fork_server():
     """DDP's constructor imports torch._dynamo; the fork server imports it once it has been
-    idle a moment after its first run (launch/zygote.py). Wait for that here, once per
-    module, so each exercise's DDP check starts in a fraction of a second, as in a notebook."""
+    idle a moment after its first run (launch/zygote.py). Wait for that here, once (the
+    exercise tests run one after another on that server), so each exercise's DDP check
+    starts in a fraction of a second, as in a notebook."""
     ddp_lab.run(_nothing, 1, echo=False)
     time.sleep(1.0)
     ddp_lab.run(_nothing, 1, echo=False)  # served once the deferred import is done

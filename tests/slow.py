@@ -2,7 +2,7 @@
 and `make test-fast` leaves out. Kept in one table, with the seconds each took, so that the
 line between the two is drawn from measurements, not from each file's guess.
 
-Each took 7 s or more in a `--durations` run of the suite without the notebooks (2 cores,
+Each took 5 s or more in a `--durations` run of the suite without the notebooks (2 cores,
 load average 10-19 from other work: about three times what a quiet machine takes); the tests
 marked ``slow`` in their own file (the stress and repeat counts, the leak check's proof) are
 not repeated here. Seconds by file and test; a name covers every parametrization of its
@@ -12,11 +12,15 @@ test, and a name that no longer exists fails tests/test_slow_list.py.
 from __future__ import annotations
 
 SLOW = {
+    "tests/course/test_allreduce.py": {
+        "test_tiny_sweep_report_and_figures": 6,
+    },
     "tests/course/test_ddp_basics.py": {
         "test_a_rank_missing_forward_hangs_the_others": 8,
     },
     "tests/course/test_debugging.py": {
         "test_ddp_segfaults_under_detail_with_plain_torchrun_and_runs_under_info": 13,
+        "test_flight_recorder_analyzer_names_the_rank_that_did_not_join": 5,
     },
     "tests/course/test_failures.py": {
         "test_killed_and_restarted_training_ends_bit_identical": 37,
@@ -28,6 +32,7 @@ SLOW = {
         "test_spawn_script_needs_the_main_guard": 24,
         "test_run_path_redirect_tee_and_no_python": 20,
         "test_static_rendezvous_uses_node_rank_and_c10d_ignores_it": 17,
+        "test_orphaned_workers_are_found_by_marker_and_killed": 6,
     },
     "tests/course/test_netns.py": {
         "test_late_node_grows_the_world_and_the_job_resumes": 45,
@@ -37,6 +42,7 @@ SLOW = {
         "test_slow_link_all_gathers_what_each_setting_schedules": 24,
         "test_torch_variants_equal_one_process_on_three_ranks": 8,
         "test_prefetching_async_all_gathers_trains_like_one_process": 7,
+        "test_a_checkpoint_saved_on_two_ranks_loads_on_three_and_one": 6,
     },
     "tests/course/test_training.py": {
         "test_worker_scripts_leave_no_gloo_thread_to_the_interpreters_exit": 80,
@@ -66,6 +72,10 @@ SLOW = {
         "test_a_fork_server_stopped_before_the_run_ends_the_run": 22,
         "test_a_fork_server_stopped_mid_run_ends_the_run": 18,
         "test_a_helper_of_a_torchrun_worker_does_not_outlive_the_run": 12,
+        "test_semaphores_of_a_failing_spawn_pool_are_unlinked": 6,
+    },
+    "tests/launch/test_magic.py": {
+        "test_network_gives_each_rank_a_shaped_link": 9,
     },
     "tests/launch/test_network.py": {
         "test_sigkill_of_the_launcher_takes_the_namespaces_down": 21,
@@ -79,6 +89,9 @@ SLOW = {
     },
     "tests/launch/test_script.py": {
         "test_same_script_runs_under_real_torchrun_and_report_is_harmless": 26,
+    },
+    "tests/launch/test_spawn.py": {
+        "test_a_hang_under_spawn_times_out_with_stacks": 6,
     },
     "tests/launch/test_torchrun.py": {
         "test_elastic_launch_restarts_all_workers_after_a_crash": 40,
@@ -99,6 +112,8 @@ SLOW = {
         "test_python_dash_m_ddp_lab": 11,
         "test_cli_exit_codes": 10,
         "test_run_all_writes_index_and_reports_progress": 9,
+        "test_figures_are_kept_when_the_environment_says_mplbackend_agg": 6,
+        "test_passing_notebook_is_executed_with_its_figure": 5,
     },
     "tests/tools/test_cli.py": {
         "test_bench_launch_reports_every_launcher_and_the_ratios": 60,
