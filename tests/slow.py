@@ -67,7 +67,6 @@ SLOW = {
         "test_two_launcher_processes_at_once_never_collide": 38,
     },
     "tests/launch/test_leftovers.py": {
-        "test_store_creation_interrupted_at_any_instruction_leaks_nothing": 122,
         "test_a_helper_in_its_own_session_dies_with_a_killed_launcher": 23,
         "test_a_fork_server_stopped_before_the_run_ends_the_run": 22,
         "test_a_fork_server_stopped_mid_run_ends_the_run": 18,
