@@ -26,18 +26,24 @@ def magic_parser() -> argparse.ArgumentParser:
                           description="Run this cell on N ranks, process group ready. The "
                                       "cell sees torch, dist, rank and world_size, plus the "
                                       "--push names; anything else it imports or defines.")
-    parser.add_argument("-h", "--help", action="store_true", help="show this help")
-    parser.add_argument("-n", "--world-size", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds before a hang is stopped with every rank's stack")
+    add_rank_options(parser, world_size=2)
     parser.add_argument("--return", dest="returns", default="", metavar="NAME[,NAME]",
                         help="variables to bring back: a list, one value per rank")
     parser.add_argument("--push", default="", metavar="NAME[,NAME]",
                         help="notebook variables to send to every rank")
+    return parser
+
+
+def add_rank_options(parser: argparse.ArgumentParser, world_size: int) -> None:
+    """The options of every magic that starts ranks (%%ddp, %ddp_ranks), with --help."""
+    parser.add_argument("-h", "--help", action="store_true", help="show this help")
+    parser.add_argument("-n", "--world-size", type=int, default=world_size,
+                        help=f"ranks (default {world_size})")
+    parser.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds before a hang is stopped with every rank's stack")
     parser.add_argument("--network", default=None, metavar="BANDWIDTH",
                         help="shape each rank's link, e.g. 1gbit (ddp_lab.Network)")
-    return parser
 
 
 def parse_magic_line(line: str) -> argparse.Namespace:

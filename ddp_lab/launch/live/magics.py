@@ -19,6 +19,7 @@ import shlex
 
 from ddp_lab.launch.heartbeat import describe_ranks
 from ddp_lab.launch.live.handle import Ranks
+from ddp_lab.launch.magic import add_rank_options
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,13 +32,7 @@ def ranks_line_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="%ddp_ranks", add_help=False,
                      description="Start the notebook's live ranks (restart them if running); "
                                  "%%ranks cells then run in them.")
-    parser.add_argument("-h", "--help", action="store_true", help="show this help")
-    parser.add_argument("-n", "--world-size", type=int, default=4, help="ranks (default 4)")
-    parser.add_argument("--backend", default="auto", help="auto, gloo or nccl")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds a cell may run before it is stopped with every stack")
-    parser.add_argument("--network", default=None, metavar="BANDWIDTH",
-                        help="shape each rank's link, e.g. 1gbit (ddp_lab.Network)")
+    add_rank_options(parser, world_size=4)
     parser.add_argument("--stop", action="store_true", help="stop the ranks")
     return parser
 
