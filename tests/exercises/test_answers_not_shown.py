@@ -1,7 +1,7 @@
 """No notebook gives an exercise's answer away above its stub cell.
 
 What a reader has seen by the time they reach the stub is the source of every cell above it
-and what those cells print; the course prints code with ``inspect.getsource``. So, for every
+(code cells, and code blocks in markdown) and what those cells print; the course prints code with ``inspect.getsource``. So, for every
 exercise cell, this test collects the code above it (the cells, and the source of every
 object a cell above passes to ``inspect.getsource``) and checks three things:
 
@@ -136,11 +136,15 @@ def _binds_a_module(node: ast.stmt) -> bool:
 
 
 def _shown_above(cells) -> list[tuple[str, str]]:
-    """(where, source) of everything the cells show: each code cell, and each object a cell
-    passes to ``inspect.getsource`` (evaluated after the top-level imports so far)."""
+    """(where, source) of everything the cells show: each code cell, each code block of a
+    markdown cell, and each object a cell passes to ``inspect.getsource`` (evaluated after
+    the top-level imports so far)."""
     namespace: dict = {}
     shown = []
     for index, cell in enumerate(cells):
+        if cell.cell_type == "markdown":
+            shown += [(f"cell {index} (markdown)", block)
+                      for block in re.findall(r"```(?:python)?\n(.*?)```", cell.source, re.S)]
         if cell.cell_type != "code":
             continue
         shown.append((f"cell {index}", cell.source))
@@ -205,6 +209,13 @@ def test_the_checks_catch_a_printed_answer():
     assert _shared(_skeleton(body), _skeleton(renamed)) == 1.0
     idiom = "rank, world = dist.get_rank(), dist.get_world_size()\nreturn rank"
     assert _shared(_skeleton(body), _skeleton(idiom)) < NEAR_COPY
+    markdown = nbformat.v4.new_markdown_cell(f"Like this:\n```python\n{body}\n```\n")
+    getsource = nbformat.v4.new_code_cell("import inspect\nfrom ddp_lab.scratch import fsdp\n"
+                                          "print(inspect.getsource(fsdp._GatherParam))")
+    shown = _shown_above([markdown, getsource])
+    assert [where for where, _ in shown] == [
+        "cell 0 (markdown)", "cell 1", "cell 1: getsource ddp_lab.scratch.fsdp:_GatherParam"]
+    assert _lines(_functions(shown[0][1])[0]) == _lines(body)
     assert _covers("ddp_lab.scratch.fsdp:_GatherParam", "ddp_lab.scratch.fsdp:_GatherParam.backward")
     assert _covers("ddp_lab.scratch.fsdp:", "ddp_lab.scratch.fsdp:FSDP.sync_gradients")
     assert not _covers("ddp_lab.scratch.fsdp:FSDP._pack", "ddp_lab.scratch.fsdp:FSDP.sync_gradients")
