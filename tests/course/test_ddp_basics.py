@@ -34,7 +34,10 @@ def test_ddp_equals_one_process_on_the_global_batch(world):
         torch.testing.assert_close(got["weights"], reference["weights"], msg=f"rank {rank}")
         assert not torch.equal(got["weights"][-1], reference["initial"])  # it did train
     worst = max(max(result["max_diff"]["grads"]), max(result["max_diff"]["weights"]))
-    assert worst == 0.0 if world == 1 else worst < 1e-6
+    assert worst == 0.0 if world == 1 else worst < 1e-6  # against the ranks' device's reference
+    assert result["device"] == got["device"] == ("cpu" if world > torch.cuda.device_count()
+                                                 else "cuda:0")
+    assert set(comparison["references"]) == {"cpu", result["device"]}
     assert isinstance(plots.equivalence_plot(comparison), Figure)
 
 

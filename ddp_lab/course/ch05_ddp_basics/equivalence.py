@@ -60,14 +60,17 @@ def ddp_training(config: EquivalenceConfig = EquivalenceConfig()) -> dict:
     ddp_model = DDP(model, device_ids=device_ids(device))
     shards = [(shard(x, rank, world).to(device), shard(y, rank, world).to(device))
               for x, y in global_batches(config)]
-    return _train(ddp_model, model, shards, config.lr)
+    return {**_train(ddp_model, model, shards, config.lr), "device": str(device)}
 
 
-def single_process_training(config: EquivalenceConfig = EquivalenceConfig()) -> dict:
-    """The reference, no process group at all: the same model and steps on whole batches."""
+def single_process_training(config: EquivalenceConfig = EquivalenceConfig(),
+                            device: str = "cpu") -> dict:
+    """The reference, no process group at all: the same model and steps on whole batches,
+    on ``device`` (the ranks'; built and drawn on the CPU, then moved, as they do)."""
     torch.manual_seed(config.seed)
-    model = ToyModel()
-    return _train(model, model, global_batches(config), config.lr)
+    model = ToyModel().to(device)
+    batches = [(x.to(device), y.to(device)) for x, y in global_batches(config)]
+    return _train(model, model, batches, config.lr)
 
 
 def _train(forward: nn.Module, model: nn.Module, batches, lr: float) -> dict:
@@ -93,16 +96,28 @@ def max_differences(per_rank: list[dict], reference: dict) -> dict:
 
 def compare_world_sizes(world_sizes=(1, 2, 3, 4),
                         config: EquivalenceConfig = EquivalenceConfig()) -> dict:
-    """Run DDP at every world size and the single-process reference; assert they agree
-    (``torch.testing.assert_close``: float32 tolerance) and return the differences."""
+    """Run DDP at every world size and the single-process reference on the ranks' device;
+    assert they agree (``torch.testing.assert_close``: float32 tolerance) and return the
+    differences. "reference" is the CPU's, "references" has one per device the ranks used.
+
+    Like with like: with a GPU per rank, "auto" puts the ranks on their GPUs (1 rank on a
+    1-GPU machine, say) and the GPU's float32 kernels round differently from the CPU's, so
+    a CPU reference would measure the devices, not DDP. On one device, 1 rank is exact:
+    cuBLAS, too, gives the same bits for the same call on the same GPU
+    (https://docs.nvidia.com/cuda/cublas/#results-reproducibility)."""
     import ddp_lab
-    reference = single_process_training(config)
+    references = {"cpu": single_process_training(config)}
     results = {}
     for n in world_sizes:
         per_rank = ddp_lab.run(ddp_training, world_size=n, args=(config,), echo=False).values
+        device = per_rank[0]["device"]  # cuda:0 on rank 0 whenever the ranks have GPUs
+        if device not in references:
+            references[device] = single_process_training(config, device)
+        reference = references[device]
         for rank, got in enumerate(per_rank):
             for key in ("grads", "weights"):
                 torch.testing.assert_close(got[key], reference[key],
                                            msg=lambda m: f"{n} ranks, rank {rank}, {key}: {m}")
-        results[n] = {"per_rank": per_rank, "max_diff": max_differences(per_rank, reference)}
-    return {"reference": reference, "world_sizes": results}
+        results[n] = {"per_rank": per_rank, "device": device,
+                      "max_diff": max_differences(per_rank, reference)}
+    return {"reference": references["cpu"], "references": references, "world_sizes": results}
