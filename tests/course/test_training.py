@@ -192,7 +192,9 @@ def test_destroy_joins_gloo_threads_only_if_torch_distributed_nn_came_first(
 
 @pytest.mark.parametrize("script", ["train_cnn", "crash_rank", "ddp_construct"])
 def test_worker_scripts_leave_no_gloo_thread_to_the_interpreters_exit(tmp_path, script):
-    args = {"train_cnn": "['--epochs', '1', '--no-progress']",
+    # train_cnn on 64 MNIST-shaped samples: how the script ends does not depend on the data
+    data = fake_mnist(tmp_path)
+    args = {"train_cnn": f"['--epochs', '1', '--no-progress', '--data', {str(data)!r}]",
             "crash_rank": "['--crash-rank', '-1', '--steps', '2']", "ddp_construct": ""}[script]
     code = f"from ddp_lab.scripts import {script}\n{script}.main({args})"
     assert gloo_threads_left(code, tmp_path) == set()
