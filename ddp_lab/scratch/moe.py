@@ -31,18 +31,17 @@ import torch.distributed as dist
 import torch.nn as nn
 
 
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single with split sizes; backward sends the gradients back the same way."""
-
-    @staticmethod
-    def forward(ctx, x, send_splits, recv_splits, group):
-        ctx.splits, ctx.group = (send_splits, recv_splits), group
-        return all_to_all(x, send_splits, recv_splits, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        send_splits, recv_splits = ctx.splits
-        return all_to_all(grad.contiguous(), recv_splits, send_splits, ctx.group), None, None, None
+def dispatch(rows: torch.Tensor, counts: torch.Tensor, group=None):
+    """Send each row to the rank of its expert. ``rows`` are sorted by destination rank, then
+    by that rank's local expert; ``counts[j, e]`` rows go to local expert ``e`` of rank ``j``.
+    Returns ``(arrived, got)``: the rows received, by source rank then expert, and
+    ``got[j, e]``, how many of them came from rank ``j`` for this rank's expert ``e``."""
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts.contiguous(), group=group)  # the split sizes first
+    arrived = rows.new_empty((int(got.sum()), *rows.shape[1:]))
+    dist.all_to_all_single(arrived, rows.contiguous(), got.sum(1).tolist(),
+                           counts.sum(1).tolist(), group=group)
+    return arrived, got
 
 
 def all_to_all(x, send_splits: list[int], recv_splits: list[int], group=None):
@@ -53,12 +52,34 @@ def all_to_all(x, send_splits: list[int], recv_splits: list[int], group=None):
     return out
 
 
-def exchange_counts(counts: torch.Tensor, group=None) -> torch.Tensor:
-    """``counts[j, e]``: rows this rank sends to local expert e of rank j -> ``got[j, e]``:
-    rows it will receive from rank j for its own expert e."""
-    got = torch.empty_like(counts)
-    dist.all_to_all_single(got, counts.contiguous(), group=group)
-    return got
+class _Dispatch(torch.autograd.Function):
+    """:func:`dispatch`; backward sends each row's gradient back where the row came from."""
+
+    @staticmethod
+    def forward(ctx, rows, counts, group):
+        arrived, got = dispatch(rows, counts, group)
+        ctx.splits, ctx.group = (counts.sum(1).tolist(), got.sum(1).tolist()), group
+        ctx.mark_non_differentiable(got)
+        return arrived, got
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        sent, received = ctx.splits
+        return all_to_all(grad.contiguous(), received, sent, ctx.group), None, None
+
+
+class _Combine(torch.autograd.Function):
+    """The reverse trip: results go back to the ranks their rows came from."""
+
+    @staticmethod
+    def forward(ctx, done, sent, received, group):
+        ctx.splits, ctx.group = (sent, received), group
+        return all_to_all(done, received, sent, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        sent, received = ctx.splits
+        return all_to_all(grad.contiguous(), sent, received, ctx.group), None, None, None
 
 
 @dataclass
@@ -131,16 +152,14 @@ class MoE(nn.Module):
     def _run_experts(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Dispatch ``rows`` (sorted by expert) to their experts' ranks, run them, combine."""
         counts = torch.bincount(experts, minlength=self.n_experts).reshape(self.world, self.local)
-        got = exchange_counts(counts, self.group)                 # (source rank, local expert)
-        send, recv = counts.sum(1).tolist(), got.sum(1).tolist()
-        arrived = _AllToAll.apply(rows, send, recv, self.group)
+        arrived, got = _Dispatch.apply(rows, counts, self.group)
         local_expert = torch.repeat_interleave(
             torch.arange(self.local).repeat(self.world), got.reshape(-1))
         done = torch.zeros_like(arrived)
         for e, expert in enumerate(self.experts):
             mine = (local_expert == e).nonzero(as_tuple=True)[0]
             done = done.index_add(0, mine, expert(arrived[mine]))
-        return _AllToAll.apply(done, recv, send, self.group)
+        return _Combine.apply(done, counts.sum(1).tolist(), got.sum(1).tolist(), self.group)
 
     def _record(self, probs, expert_of, keep, tokens: int) -> None:
         requested = torch.bincount(expert_of.reshape(-1), minlength=self.n_experts)

@@ -50,26 +50,18 @@ def heads_to_seq(x: torch.Tensor, group=None) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, h * world, s // world, d)
 
 
-class _SeqToHeads(torch.autograd.Function):
+class _Swap(torch.autograd.Function):
+    """seq_to_heads (``to_heads``) or heads_to_seq; backward: the other one, of the gradient."""
+
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return seq_to_heads(x, group)
+    def forward(ctx, x, group, to_heads: bool):
+        ctx.group, ctx.to_heads = group, to_heads
+        return (seq_to_heads if to_heads else heads_to_seq)(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return heads_to_seq(grad.contiguous(), ctx.group), None
-
-
-class _HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return heads_to_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return seq_to_heads(grad.contiguous(), ctx.group), None
+        back = heads_to_seq if ctx.to_heads else seq_to_heads
+        return back(grad.contiguous(), ctx.group), None, None
 
 
 def ulysses_attention(q, k, v, causal: bool = False, group=None):
@@ -77,6 +69,6 @@ def ulysses_attention(q, k, v, causal: bool = False, group=None):
     q, k, v (batch, heads, seq_local, head_dim), shards in rank order; returns this rank's
     output rows. Differentiable; 4 all-to-alls forward (q, k, v in, the output back), 4 in
     backward."""
-    q, k, v = (_SeqToHeads.apply(t, group) for t in (q, k, v))
+    q, k, v = (_Swap.apply(t, group, True) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return _HeadsToSeq.apply(out, group)
+    return _Swap.apply(out, group, False)

@@ -49,3 +49,36 @@ MUTANTS = [
     ("12.online_softmax", block_max_only, r"m must be the running maximum"),
 ]
 
+
+# 13.dispatch: wrong answers -----------------------------------------------------------------
+
+def _exchanged(rows, counts):
+    import torch.distributed as dist
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    dist.all_to_all_single(arrived, rows, got.sum(1).tolist(), counts.sum(1).tolist())
+    return arrived, got
+
+
+def keeps_its_own_rows(rows, counts):
+    return rows, counts
+
+
+def returns_the_counts_it_sent(rows, counts):
+    arrived, _ = _exchanged(rows, counts)
+    return arrived, counts
+
+
+def sorts_by_expert(rows, counts):
+    arrived, got = _exchanged(rows, counts)
+    world, local = got.shape
+    expert = torch.repeat_interleave(torch.arange(local).repeat(world), got.reshape(-1))
+    return arrived[torch.argsort(expert, stable=True)], got
+
+
+MUTANTS += [
+    ("13.dispatch", keeps_its_own_rows, r"this rank's own rows"),
+    ("13.dispatch", returns_the_counts_it_sent, r"got is what this rank sent"),
+    ("13.dispatch", sorts_by_expert, r"right rows in the wrong order"),
+]

@@ -6,45 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import ddp_lab
 from ddp_lab import scratch
-from ddp_lab.scratch.ring_attention import zigzag_shard, zigzag_unshard
+from ddp_lab.course.ch12_sequence import attention
+from ddp_lab.scratch.ring_attention import chunks, zigzag_shard, zigzag_unshard
 
 pytestmark = pytest.mark.timeout(180)
 
-SHAPE = (2, 4, 24, 8)   # batch, heads, whole sequence, head_dim: splits over 1-4 ranks (x2)
-
-
-def full_attention(causal: bool, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    q, k, v, upstream = (torch.randn(SHAPE, generator=g) for _ in range(4))
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    (out * upstream).sum().backward()
-    return {"inputs": (q.detach(), k.detach(), v.detach(), upstream), "out": out.detach(),
-            "grads": (q.grad, k.grad, v.grad)}
-
-
-def _shard(t, rank, world, layout):
-    if layout == "zigzag":
-        return zigzag_shard(t, rank, world)
-    return t.chunk(world, dim=-2)[rank]
-
-
-def sharded(how: str, causal: bool, layout: str = "contiguous") -> dict:
-    import torch.distributed as dist
-    rank, world = dist.get_rank(), dist.get_world_size()
-    q, k, v, upstream = (_shard(t, rank, world, layout).clone()
-                         for t in full_attention(causal)["inputs"])
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    if how == "ring":
-        out = scratch.ring_attention(q, k, v, causal=causal, layout=layout)
-    else:
-        out = scratch.ulysses_attention(q, k, v, causal=causal)
-    (out * upstream).sum().backward()
-    return {"out": out.detach(), "grads": (q.grad, k.grad, v.grad)}
+# 24 positions split over 1-4 ranks, and into 2n zig-zag chunks; 4 heads for Ulysses.
+CONFIG = attention.AttentionConfig(batch=2, heads=4, seq=24, head_dim=8)
 
 
 def _gather(shards, layout):
@@ -55,22 +26,31 @@ def _gather(shards, layout):
 @pytest.mark.parametrize("how, layout", [("ring", "contiguous"), ("ring", "zigzag"),
                                          ("ulysses", "contiguous")])
 def test_sequence_parallel_attention_equals_full_attention(world, how, layout):
-    if how == "ulysses" and SHAPE[1] % world:
+    if how == "ulysses" and CONFIG.heads % world:
         pytest.skip("heads must divide by the world size")
     for causal in (False, True):
-        want = full_attention(causal)
-        got = ddp_lab.run(sharded, world_size=world, args=(how, causal, layout), echo=False).values
+        want = attention.full_attention(CONFIG, causal)
+        got = ddp_lab.run(attention.sharded, world_size=world, args=(how, causal, CONFIG, layout),
+                          echo=False).values
         torch.testing.assert_close(_gather([g["out"] for g in got], layout), want["out"])
-        for i, name in enumerate("qkv"):
-            torch.testing.assert_close(_gather([g["grads"][i] for g in got], layout),
-                                       want["grads"][i], msg=f"{how} d{name}, causal={causal}")
+        for name in "qkv":
+            torch.testing.assert_close(_gather([g["grads"][name] for g in got], layout),
+                                       want["grads"][name], msg=f"{how} d{name}, causal={causal}")
 
 
 def test_zigzag_shards_put_back_together():
     x = torch.arange(16.0).reshape(1, 1, 16, 1)
     shards = [zigzag_shard(x, r, 4) for r in range(4)]
     assert shards[0].flatten().tolist() == [0, 1, 14, 15]
+    assert chunks("zigzag", 0, 4, 4) == [(0, 0, 2), (2, 14, 2)]
     assert torch.equal(zigzag_unshard(shards), x)
+
+
+def test_causal_work_is_even_with_the_zigzag_split():
+    from ddp_lab.course.ch12_sequence.balance import work_grid
+    contiguous, zigzag = work_grid("contiguous", 4, 8), work_grid("zigzag", 4, 8)
+    assert [sum(row) for row in contiguous] == [64, 128, 192, 256]
+    assert [sum(row) for row in zigzag] == [144] * 4   # (2n+1)/4 blocks of 8 x 8 each
 
 
 def _uneven_heads():
