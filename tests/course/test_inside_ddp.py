@@ -123,6 +123,23 @@ def test_powersgd_synchronizes_cuda_whenever_it_is_available():
         assert source[line].strip() == "torch.cuda.synchronize(device)"
 
 
+def powersgd_as_on_a_gpu_machine() -> list[str]:
+    """PowerSGD on CPU tensors where torch.cuda.is_available() says True (a rank of its own,
+    patched): the devices its hook asks torch.cuda.synchronize for."""
+    seen = []
+    torch.cuda.is_available = lambda: True
+    torch.cuda.synchronize = lambda device=None: seen.append(str(device))
+    result = comm_hooks.train_with_hook("PowerSGD rank 1", steps=3)
+    assert result["device"] == "cpu" and result["bytes"][2] < result["bytes"][0]  # compressed
+    return seen
+
+
+def test_powersgd_on_cpu_tensors_would_synchronize_the_cpu_on_a_gpu_machine():
+    """The call that fails there ("Expected a cuda device, but got: cpu"), caught here."""
+    for seen in run(powersgd_as_on_a_gpu_machine, 2):
+        assert seen and set(seen) == {"cpu"}, seen
+
+
 def compressed_gradients(hooks: dict) -> dict:
     """Gradients of one step with each hook and with DDP's default (None), same data."""
     grads = {}

@@ -281,3 +281,63 @@ def test_live_ranks_under_auto_move_cpu_and_cuda_tensors():
                    "out = (c.tolist(), g.tolist(), str(g.device), dist.get_backend())")
         values = ranks.pull("out")
     assert values == [([n, n], [n, n], f"cuda:{r}", GPU_AND_CPU) for r in range(n)]
+
+
+# -- the course's comparisons on a machine with CUDA ---------------------------------------------
+def test_ddp_equals_one_process_on_the_ranks_device():
+    """Notebook 05: with one rank, "auto" puts it on the GPU; its reference runs there too,
+    and one rank is then exact (a CPU reference would differ by the devices' rounding)."""
+    from ddp_lab.course.ch05_ddp_basics import equivalence
+    comparison = equivalence.compare_world_sizes((1, 2))  # asserts with assert_close
+    one = comparison["world_sizes"][1]
+    assert one["device"] == "cuda:0" and "cuda:0" in comparison["references"]
+    worst = max(max(one["max_diff"]["grads"]), max(one["max_diff"]["weights"]))
+    assert worst == 0, f"1 rank on cuda:0 vs the same steps in one process there: {worst:g}"
+    cpu_vs_gpu = max((a - b).abs().max().item() for a, b in zip(
+        comparison["references"]["cuda:0"]["weights"], comparison["reference"]["weights"]))
+    print(f"notebook 05: DDP 1 rank on cuda:0 == one process on cuda:0 (0 difference); "
+          f"one process on cuda:0 vs on the CPU: up to {cpu_vs_gpu:.1e}; 2 ranks on "
+          f"{comparison['world_sizes'][2]['device']}")
+
+
+def powersgd_on_cpu_tensors(steps: int = 3) -> str:
+    """PowerSGD (compressing from step 2) on a CPU model: "ok", or the first error line."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4)))
+    ddp.register_comm_hook(powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+        min_compression_rate=0.5), powerSGD_hook.powerSGD_hook)
+    try:
+        for _ in range(steps):
+            ddp(torch.randn(8, 32)).square().mean().backward()
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return "ok"
+
+
+def test_powersgd_needs_cuda_tensors_wherever_cuda_is_available():
+    """Notebook 07: torch's PowerSGD hook synchronizes CUDA whenever it is available, so it
+    fails on CPU tensors here; with the GPUs hidden (what the network lesson does) it runs."""
+    from ddp_lab.course.ch07_inside_ddp import network_costs
+    seen = ddp_lab.run(powersgd_on_cpu_tensors, world_size=2, backend="gloo", echo=False)
+    assert all("Expected a cuda device, but got: cpu" in v for v in seen.values), seen.values
+    hidden = ddp_lab.run(powersgd_on_cpu_tensors, world_size=2, backend="gloo",
+                         env=network_costs.CPU_ONLY, echo=False)
+    assert hidden.values == ["ok", "ok"]
+    print("PowerSGD on CPU tensors with CUDA available:", seen.values[0])
+
+
+def test_hooks_comparison_trains_on_the_gpu():
+    """Notebook 07's hooks comparison: on a GPU (shared by 2 ranks under gloo), same bytes."""
+    from ddp_lab.course.ch07_inside_ddp import comm_hooks
+    res = ddp_lab.run(comm_hooks.compare_hooks, world_size=2, kwargs={"steps": 4}, echo=False)
+    params = comm_hooks.HOOK_MODEL.parameters
+    for rank, per_rank in enumerate(res.values):
+        assert {r["device"] for r in per_rank.values()} == {
+            "cuda:0" if _gpus() < 2 else f"cuda:{rank}"}
+        assert per_rank["all-reduce (default)"]["bytes"] == [4 * params] * 4
+        assert per_rank["fp16 compression"]["bytes"] == [2 * params] * 4
+        assert per_rank["int8 (custom)"]["bytes"] == [params + 4] * 4
+        assert per_rank["PowerSGD rank 1"]["bytes"][-1] < 4 * params / 10
