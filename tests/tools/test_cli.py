@@ -6,13 +6,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from ddp_lab.tools.bench_launch import (LaunchTimes, format_report, measure_launches,
-                                        missed_targets)
+from ddp_lab.tools.bench_launch import LaunchTimes, format_report, missed_targets
 from ddp_lab.tools.cli import main
 from ddp_lab.course.ch00_launching.plots import launch_latency
 
@@ -65,10 +62,15 @@ def test_demos_that_hang_stop_in_seconds_with_the_stacks(demo, capsys):
     assert f"'{demo}' hangs on purpose" in err
 
 
-def test_bench_launch_reports_every_launcher_and_the_ratios():
+def test_bench_launch_reports_every_launcher_and_leaves_no_folder(tmp_path):
+    """One run of the bench as a user types it: every launcher and the ratios reported, and
+    nothing left in its temp folder. torchrun without --log-dir leaves a new
+    $TMPDIR/torchelastic_* per run; a private TMPDIR keeps other torchrun runs on the
+    machine out of the comparison, and shows the bench's own --log-dir folder is removed."""
     out = subprocess.run([sys.executable, "-m", "ddp_lab", "bench", "launch", "-n", "2",
                           "--repeats", "1", "--warm-repeats", "2"],
-                         capture_output=True, text=True, timeout=200)
+                         capture_output=True, text=True, timeout=200,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     # A loaded machine can miss a target: then, and only then, the exit code says so.
     missed = "MISSED" in out.stdout
     assert out.returncode == (1 if missed else 0), out.stderr
@@ -77,20 +79,9 @@ def test_bench_launch_reports_every_launcher_and_the_ratios():
         assert launcher in out.stdout
     assert "faster than torchrun (target >= 15x)" in out.stdout
     assert "torchrun's time (target <= 0.6x)" in out.stdout
-
-
-def test_bench_launch_leaves_no_torchelastic_folder(tmp_path, monkeypatch):
-    """torchrun without --log-dir leaves a new $TMPDIR/torchelastic_* per run. A private
-    TMPDIR for the bench's subprocesses keeps other torchrun runs on the machine out of the
-    comparison."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    assert not list(tmp_path.glob("torchelastic_*"))
-    times = measure_launches(world_size=2, repeats=1, warm_repeats=1)
-
-    assert len(times.seconds["torchrun"]) == 1
     assert not list(tmp_path.glob("torchelastic_*")), sorted(tmp_path.iterdir())
-    own_log_dirs = Path(tempfile.gettempdir()).glob(f"ddp_lab_bench-{os.getpid()}-*")
-    assert not list(own_log_dirs), "the bench's --log-dir folder was left behind"
+    assert not list(tmp_path.glob("ddp_lab_bench-*")), "the bench's --log-dir was left behind"
+    assert not list(tmp_path.glob("ddp_lab-*")), "a run folder was left behind"
 
 
 def test_report_and_figure_come_from_the_measurements():
