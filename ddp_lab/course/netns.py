@@ -173,7 +173,10 @@ def _pids_in(inode: int) -> list[int]:
 
 
 def list_namespaces() -> list[str]:
-    """Names of the machine's network namespaces (``ip netns list``)."""
+    """Names of the machine's network namespaces (``ip netns list``); none where iproute2's
+    ``ip`` is missing: ``two_hosts`` cannot have made any (``namespace_support`` says so)."""
+    if shutil.which("ip") is None:
+        return []
     out = _ip("netns", "list", check=False)
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 

@@ -30,6 +30,14 @@ def _assert_gone(hosts) -> None:
         assert not (netns.NETNS_ETC / host.netns).exists()
 
 
+def test_without_ip_there_are_no_namespaces_to_list(monkeypatch):
+    """A machine without iproute2 (notebook 09's last cell ran on one): an empty list, not
+    FileNotFoundError; two_hosts was skipped there, so nothing can be left."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert netns.namespace_support() is not None
+    assert netns.list_namespaces() == netns.own_namespaces() == netns.remove_orphans() == []
+
+
 def test_plan_fits_linux_interface_names_and_loopback_stand_in():
     hosts = netns._plan()
     assert all(len(h.interface) <= 15 for h in hosts)  # IFNAMSIZ - 1
