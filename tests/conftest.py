@@ -6,8 +6,8 @@ reused: one for plain runs, one for shaped ones); everything it forked must be g
 The checks of ports and folders are cheap and run after every test. The checks of processes
 walk every process on the machine, so they run only where a process may have been started:
 when the kernel's count of tasks created since boot (threads too) has moved since the last
-clean check, or the launcher's fork servers changed. Otherwise the process table holds the
-same processes it held at that check, which found none left; the ~700 tests that start
+clean check began, or the launcher's fork servers changed. Otherwise the process table holds
+the same processes it held at that check, which found none left; the ~700 tests that start
 nothing (the layout rules among them) skip the walk. tests/test_leak_check.py proves that a
 leaked process, port or run folder still fails its test.
 """
@@ -166,18 +166,16 @@ def tasks_created() -> int:
 
 @dataclass
 class ProcessGate:
-    """The state of the machine at the last clean process check: if nothing was created
-    since, and the launcher keeps the same fork servers, the check would find the same."""
-    tasks: int = -1
-    keep: frozenset = frozenset()
+    """The state of the machine when the last clean process check began: if nothing was
+    created since, and the launcher keeps the same fork servers, the check would find the
+    same processes, so none left."""
+    seen: tuple = ()
     checked: int = 0
     skipped: int = 0
 
-    def needed(self) -> bool:
-        return (tasks_created(), frozenset(launcher_pids())) != (self.tasks, self.keep)
-
-    def passed(self) -> None:
-        self.tasks, self.keep = tasks_created(), frozenset(launcher_pids())
+    @staticmethod
+    def state() -> tuple:
+        return tasks_created(), frozenset(launcher_pids())
 
 
 GATE = pytest.StashKey[ProcessGate]()
@@ -199,16 +197,19 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def assert_no_process_left(gate: ProcessGate) -> None:
-    if not gate.needed():
+    if gate.state() == gate.seen:
         gate.skipped += 1
         return
     gate.checked += 1
     deadline = time.monotonic() + GRACE_S
-    while (leftover_processes() or strays()) and time.monotonic() < deadline:
+    while True:
+        seen = gate.state()  # before the walk: a process started during it moves the count
+        left = leftover_processes() + strays()
+        if not left or time.monotonic() > deadline:
+            break
         time.sleep(0.1)
-    left = leftover_processes() + strays()
     assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
-    gate.passed()
+    gate.seen = seen
 
 
 @pytest.fixture(autouse=True)
