@@ -1,8 +1,10 @@
 """What the ring's overlap buys (notebook 12): the same ring attention, once as written (each
 step's ``isend``/``irecv`` runs while the step's block is computed, ``wait()`` after) and
 once with every shift waited for at once, before the compute ("blocking"). On a slow link
-with blocks that take about as long to compute as to send, the overlapped ring hides most
-of the sending; the blocking one pays for both, one after the other.
+with blocks that take about as long to compute as to send, the overlapped ring can hide the
+sending behind the compute; the blocking one pays for both, one after the other. On a
+2-core machine the sending needs CPU too (gloo's thread, the kernel shaping the link), so
+the compute it overlaps with slows down and the saving varies from run to run.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def blocking_shifts():
 
 def compare(config: AttentionConfig = OVERLAP, iterations: int = 2) -> dict:
     """The slowest rank's seconds per (non-causal) ring forward, overlapped and blocking,
-    taking turns; the least of ``iterations`` each."""
+    taking turns; the least of ``iterations`` each; and the bytes of one K/V block."""
     q, k, v, _ = (shard(t) for t in inputs(config))
 
     def overlapped():
@@ -55,5 +57,6 @@ def compare(config: AttentionConfig = OVERLAP, iterations: int = 2) -> dict:
 
     times = time_in_turns({"overlapped": overlapped, "blocking": blocking}, warmup=1,
                           iterations=iterations)
-    return {name: min(seconds) for name, seconds in times.items()}
+    return {**{name: min(seconds) for name, seconds in times.items()},
+            "block_bytes": 2 * k.numel() * k.element_size()}
 
