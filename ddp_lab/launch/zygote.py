@@ -36,6 +36,7 @@ import shutil
 import signal
 import socket
 import sys
+import warnings
 
 from ddp_lab.launch import channel, process_tree
 from ddp_lab.launch.reaper import Reaper
@@ -243,6 +244,11 @@ def _setpgid_quietly(pid: int) -> None:
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
+    # Python 3.12 warns on every fork of a process that has threads, and this one has those
+    # torch's import starts. Forking it is this server's design (module docstring); the
+    # warning would reach every run's cell (seen with Python 3.12 on a GPU machine).
+    warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded, use of fork",
+                            category=DeprecationWarning)
     sock = socket.socket(fileno=int(argv[0]))
     preload()
     server = Server(sock)
