@@ -86,3 +86,22 @@ def _three_experts():
 
 def test_experts_that_do_not_split_are_refused():
     assert "3 experts do not split over 2 ranks" in ddp_lab.run(_three_experts, 2, echo=False)[0]
+
+
+def _moe_in_subgroups():
+    """Ranks {0, 1} and {2, 3}: two expert-parallel layers, 2 experts per rank each."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[dist.get_rank() // 2]
+    torch.manual_seed(0)
+    moe = scratch.MoE(D_MODEL, D_HIDDEN, EXPERTS, top_k=2, group=group)
+    out = moe(batch(dist.get_rank(group)))
+    return {"out": out.detach(), "first_expert": moe.first_expert}
+
+
+def test_expert_parallel_in_a_group_of_its_own():
+    want = one_process(2, 2, None)
+    got = ddp_lab.run(_moe_in_subgroups, 4, echo=False).values
+    for rank, g in enumerate(got):
+        torch.testing.assert_close(g["out"], want["outs"][rank % 2])
+        assert g["first_expert"] == 2 * (rank % 2)

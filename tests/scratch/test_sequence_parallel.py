@@ -63,3 +63,28 @@ def _uneven_heads():
 
 def test_ulysses_refuses_heads_that_do_not_split():
     assert "3 heads do not split over 2 ranks" in ddp_lab.run(_uneven_heads, 2, echo=False)[0]
+
+
+def _in_subgroups(how: str, causal: bool) -> dict:
+    """Ranks {0, 1} and {2, 3} each split the sequence over their own group."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = groups[dist.get_rank() // 2]
+    mine = dist.get_rank(group)
+    q, k, v, upstream = (t.chunk(2, dim=-2)[mine].clone() for t in attention.inputs(CONFIG))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fn = scratch.ring_attention if how == "ring" else scratch.ulysses_attention
+    out = fn(q, k, v, causal=causal, group=group)
+    (out * upstream).sum().backward()
+    return {"out": out.detach(), "grads": {"q": q.grad, "k": k.grad, "v": v.grad}}
+
+
+@pytest.mark.parametrize("how", ["ring", "ulysses"])
+def test_a_process_group_of_its_own(how):
+    want = attention.full_attention(CONFIG, causal=True)
+    got = ddp_lab.run(_in_subgroups, world_size=4, args=(how, True), echo=False).values
+    for pair in (got[:2], got[2:]):
+        torch.testing.assert_close(torch.cat([g["out"] for g in pair], dim=-2), want["out"])
+        for name in "qkv":
+            torch.testing.assert_close(torch.cat([g["grads"][name] for g in pair], dim=-2),
+                                       want["grads"][name])
