@@ -1,4 +1,4 @@
-"""Wrong answers to the exercises of notebooks 00 to 04 and 03b:
+"""Wrong answers to the exercises of notebooks 00 to 04, 00b and 03b:
 the ones a learner really writes.
 
 MUTANTS holds (exercise, wrong answer, a regex the rejection must match); test_mutations.py
@@ -28,6 +28,40 @@ def summed(value):
     t = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(t)
     return t.item()
+
+
+# -- 00b -------------------------------------------------------------------------------------
+def agrees_with_itself(model):
+    v = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return torch.equal(v, v)
+
+
+def compares_with_rank0(model):
+    v = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    first = v.clone()
+    dist.broadcast(first, src=0)
+    return torch.equal(v, first)
+
+
+def summed_within_tolerance(model):
+    v = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    total = v.clone()
+    dist.all_reduce(total)
+    return torch.allclose(total, v * dist.get_world_size())
+
+
+def averaged_in_place(model):
+    for p in model.parameters():
+        dist.all_reduce(p.data)
+        p.data /= dist.get_world_size()
+    return True
+
+
+def max_only(model):
+    v = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    top = v.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return torch.equal(top, v)
 
 
 # -- 01 --------------------------------------------------------------------------------------
@@ -214,6 +248,11 @@ MUTANTS = [
     ("00.max_over_ranks", closed_form, "expected the largest"),
     ("00.max_over_ranks", own_value, "expected the largest"),
     ("00.max_over_ranks", summed, "ReduceOp.MAX"),
+    ("00b.weights_agree", agrees_with_itself, "yet every rank answered True"),
+    ("00b.weights_agree", compares_with_rank0, "must give the same answer"),
+    ("00b.weights_agree", summed_within_tolerance, "compare exactly"),
+    ("00b.weights_agree", averaged_in_place, "weights changed during your function"),
+    ("00b.weights_agree", max_only, "must give the same answer"),
     ("01.store_barrier", sleeping_barrier, "time.sleep is switched off"),
     ("01.store_barrier", leaky_barrier, "held back on purpose"),
     ("01.store_barrier", same_keys_every_time, "keys of its own"),
