@@ -151,3 +151,21 @@ def test_bench_ddp_network_refuses_a_bad_rate_before_any_rank_starts(capsys):
     assert main(["bench", "ddp-network", "--compression-network", "fast"]) == 2
     captured = capsys.readouterr()
     assert "bandwidth='fast' is not understood" in captured.err and captured.out == ""
+
+
+def test_bench_ranks_judges_the_calls_own_cost_not_the_collective():
+    """The all_reduce call's target is on its round trip less the collective (the same gloo
+    all_reduce whoever asks), the trivial call's on its round trip; MISSED says which."""
+    from ddp_lab.tools.bench_ranks import RoundTrips, format_report, missed
+    trips = RoundTrips(4, ms={("ddp_lab.Ranks", "trivial"): [0.3, 0.3],
+                              ("ipyparallel", "trivial"): [6.0, 6.0],
+                              ("ddp_lab.run warm", "trivial"): [100.0],
+                              ("ddp_lab.Ranks", "all_reduce"): [0.9, 0.9],
+                              ("ipyparallel", "all_reduce"): [6.6, 6.6],
+                              ("ddp_lab.run warm", "all_reduce"): [110.0]},
+                      collective_ms={"ddp_lab.Ranks": [0.6, 0.6], "ipyparallel": [0.6, 0.6]})
+    assert trips.own_cost("ddp_lab.Ranks") == pytest.approx(0.3)
+    assert trips.own_speedup() == pytest.approx(20.0) and not missed(trips)
+    assert "MISSED" not in format_report(trips)  # 6.6 / 0.9 overall: the collective's share
+    trips.ms["ipyparallel", "all_reduce"] = [2.0, 2.0]
+    assert missed(trips) and "all_reduce call's own cost" in format_report(trips)
