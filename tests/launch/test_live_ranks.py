@@ -179,3 +179,14 @@ def test_the_stop_button_on_ranks_inside_a_collective_restarts_them(capsys):
         assert "rank 0 waits in all_reduce" in printed and "restarted" in printed
         assert ranks.state == "ready"
         assert ranks.exec("'lost' in globals()").values == [False, False]
+
+
+def test_values_only_cloudpickle_can_send_still_arrive():
+    """Plain pickle sends most values; a class defined on a rank, or a lambda, goes by
+    value instead (plain pickle fails on them, never misreads them)."""
+    with ddp_lab.Ranks(world_size=2, echo=False) as ranks:
+        res = ranks.exec("class Point:\n    def __init__(self, x):\n        self.x = x\n"
+                         "Point(rank)")
+        assert [p.x for p in res.values] == [0, 1] and type(res.values[0]).__name__ == "Point"
+        assert [f(3) for f in ranks.exec("lambda y: y * (rank + 1)").values] == [3, 6]
+        assert ranks.exec("{'t': torch.ones(2) * rank}").values[1]["t"].tolist() == [1.0, 1.0]
