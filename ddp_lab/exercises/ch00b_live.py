@@ -37,7 +37,8 @@ def _model(seed: int) -> torch.nn.Module:
 
 
 def _nudge(model: torch.nn.Module, seed: int) -> str:
-    """One weight, chosen by the seed value, to the next float32 up: the smallest change there is."""
+    """One weight, chosen by the seed value, to the next float32 up: the smallest change
+    there is."""
     params = list(model.named_parameters())
     pick = torch.randint(0, 10 ** 6, (2,), generator=generator(seed, 7)).tolist()
     name, param = params[pick[0] % len(params)]
@@ -64,7 +65,8 @@ def check_weights_agree(fn) -> str:
         for odd_rank in odd_ranks:
             where = on(n, seed)
             _judge(run_ranks(_trial, n, (fn, seed, odd_rank), where=where), odd_rank, where)
-    return f"the same verdict on every rank, one float32 step told apart, on 1-4 ranks (seed {seed})"
+    return (f"the same verdict on every rank, one float32 step told apart, on 1-4 ranks "
+            f"(seed {seed})")
 
 
 def _judge(results: list, odd_rank: int | None, where: str) -> None:

@@ -149,7 +149,8 @@ class NotebookEcho(PlainEcho):
 
     def _render(self) -> None:
         from IPython.display import display
-        shown = {"text/plain": "\n".join(f"[{tag(r)}] {t}" for r, t in sorted(self.statuses.items()))}
+        text = "\n".join(f"[{tag(r)}] {t}" for r, t in sorted(self.statuses.items()))
+        shown = {"text/plain": text}
         if self.handle is None:
             self.handle = display(shown, raw=True, display_id=True)
         else:

@@ -59,7 +59,7 @@ class LiveSession(Session):
         super().__init__(config, payload=None)
         self.frames = [FrameReader() for _ in range(config.world_size)]
         self.seq = 0
-        self.lost: str | None = None  # why no more calls can run (a rank died)
+        self.lost: str | None = None  # why no more calls can run (a rank died, or would not stop)
 
     # -- start ----------------------------------------------------------------------------
     def _start_clock(self) -> None:
@@ -113,7 +113,8 @@ class LiveSession(Session):
             self.echo.close()
 
     def _mark(self, call: CallState) -> None:
-        """What the ranks printed since the last call belongs to this one."""
+        """What the ranks printed between calls (a thread of theirs) is shown now; this
+        call's logs start after it."""
         for out in self.output.read_ready(time.monotonic() + 0.5):
             self._show(out)
         call.marks = {s.rank: len(s.lines) for s in self.ranks}
