@@ -19,10 +19,14 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 def kill_tree(root_pid: int) -> list[int]:
     """SIGKILL ``root_pid`` and everything below it, and wait until they are gone; returns
-    the pids, ``root_pid`` first."""
-    send(root_pid, signal.SIGSTOP)
-    tree = descendants(root_pid)
-    kill_all([*tree, root_pid])
+    the pids, ``root_pid`` first. Ctrl-C waits until they are (interrupts.deferred): an
+    interrupt between the freeze and the kill left a stopped torchrun agent behind, which
+    not even its stdin lifeline can end (seen once, for 2 hours, after an interrupted run)."""
+    from ddp_lab.launch.interrupts import deferred
+    with deferred():
+        send(root_pid, signal.SIGSTOP)
+        tree = descendants(root_pid)
+        kill_all([*tree, root_pid])
     return [root_pid, *tree]
 
 

@@ -355,3 +355,21 @@ def test_the_chain_of_waits_leaves_room_within_the_bound():
     the other must leave time for the work between them (killing, removing the folder)."""
     from ddp_lab.launch import bound
     assert bound.WORST_CASE_WAITS_S <= bound.BOUND_SLACK_S - 3.0
+
+
+def test_ctrl_c_while_a_tree_is_killed_never_leaves_it_frozen(monkeypatch):
+    """kill_tree freezes the root (SIGSTOP) before it lists and kills the tree: a Ctrl-C in
+    between must not leave a stopped process behind (a torchrun agent stayed stopped for
+    hours that way); the interrupt comes once the tree is gone."""
+    from ddp_lab.launch import process_tree
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    listed = process_tree.descendants
+
+    def interrupted_while_listing(pid):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, just after the freeze
+        return listed(pid)
+
+    monkeypatch.setattr(process_tree, "descendants", interrupted_while_listing)
+    with pytest.raises(KeyboardInterrupt):
+        process_tree.kill_tree(root.pid)
+    assert root.wait(timeout=10) == -signal.SIGKILL
