@@ -1,13 +1,15 @@
 """What an exercise is, and the one place that lists them all.
 
-Each notebook's exercises live in a module of this package (``ch02_point_to_point`` ...) that
-declares a tuple ``EXERCISES`` of :class:`Exercise`. The registry imports those modules lazily,
-so ``ddp_lab.exercises.names()`` costs nothing until a checker is needed.
+Each chapter owns its exercises: ``ddp_lab/course/chNN_topic/exercises.py`` holds notebook NN's,
+``exercises_b.py`` beside it notebook NNb's; each declares a tuple ``EXERCISES`` of
+:class:`Exercise`. The registry imports those modules lazily, so ``ddp_lab.exercises.names()``
+costs nothing until a checker is needed.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from dataclasses import dataclass
 from typing import Callable
@@ -43,15 +45,26 @@ class Exercise:
 def all_exercises() -> dict[str, Exercise]:
     """Every exercise by name, in notebook order, from the ``EXERCISES`` of each module."""
     found: dict[str, Exercise] = {}
-    package = importlib.import_module("ddp_lab.exercises")
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"ddp_lab.exercises.{info.name}")
-        for exercise in getattr(module, "EXERCISES", ()):
+    for module in exercise_modules():
+        for exercise in module.EXERCISES:
             if exercise.name in found:
                 raise RuntimeError(f"two exercises are called {exercise.name!r}: "
                                    f"{module.__name__} and an earlier module")
             found[exercise.name] = exercise
     return dict(sorted(found.items(), key=lambda item: (item[1].notebook, item[0])))
+
+
+EXERCISE_MODULES = ("exercises", "exercises_b")  # a chapter's notebook NN, and its NNb
+
+
+def exercise_modules() -> list:
+    """Every chapter's exercise modules, imported, in chapter order."""
+    course = importlib.import_module("ddp_lab.course")
+    chapters = sorted(info.name for info in pkgutil.iter_modules(course.__path__)
+                      if info.ispkg and info.name.startswith("ch"))
+    return [importlib.import_module(f"ddp_lab.course.{chapter}.{module}")
+            for chapter in chapters for module in EXERCISE_MODULES
+            if importlib.util.find_spec(f"ddp_lab.course.{chapter}.{module}") is not None]
 
 
 def find(name: str) -> Exercise:

@@ -11,8 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises import ch02_point_to_point as ch02
-from ddp_lab.exercises import ch04_allreduce as ch04
+from ddp_lab.course.ch02_point_to_point import exercises as ch02
+from ddp_lab.course.ch04_allreduce import exercises as ch04
 
 
 # -- 00 --------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def builtin_all_to_all(chunks):
 
 
 def scatters_in_reverse(chunks):
-    from ddp_lab.exercises.ch03_collectives import all_to_all_by_scatter
+    from ddp_lab.course.ch03_collectives.exercises import all_to_all_by_scatter
     return all_to_all_by_scatter(chunks)[::-1]
 
 

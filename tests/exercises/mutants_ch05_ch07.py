@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ddp_lab import scratch
-from ddp_lab.exercises import ch05_ddp_basics as ch05
+from ddp_lab.course.ch05_ddp_basics import exercises_b as ch05
 
 
 # -- 05 --------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A process group is a set of processes that can talk to each other; each member has a
 *rank* (0..world_size-1). Here: the rank and world size a group reports, subgroups, which
 backends this torch really has, ``barrier()`` on a timeline, and printing in rank order
-(the exercises are in ``ddp_lab/exercises/ch01_processes.py``). How the ranks find each
+(the exercises are in ``ddp_lab/course/ch01_processes/exercises.py``). How the ranks find each
 other in the first place (init methods and their stores) is in ``stores.py``.
 """
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ddp_lab.course.ch11_meshes import pipeline
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 CHECK_TIMEOUT = 30.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from ddp_lab.exercises.ranks import new_seed
+from ddp_lab.exercises.driver import new_seed
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 TRIALS = 200

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.exercises.builtins_off import replaced
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.ring_attention import online_softmax_step
 

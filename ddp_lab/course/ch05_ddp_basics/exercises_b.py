@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from ddp_lab.exercises.builtins_off import replaced, refusing
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.moe import dispatch
 

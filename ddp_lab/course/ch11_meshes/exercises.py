@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ddp_lab import scratch
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 # Ranks import torch's distributed optim/tensor packages first: seconds each on a busy laptop.

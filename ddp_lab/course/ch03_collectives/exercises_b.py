@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.exercises.builtins_off import COLLECTIVES, replaced, switched_off
-from ddp_lab.exercises.ranks import (WORLD_SIZES, generator, new_seed, run_ranks,
+from ddp_lab.exercises.driver import (WORLD_SIZES, generator, new_seed, run_ranks,
                                      tensor_problem)
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 NOT_ALL_REDUCE = tuple(name for name in COLLECTIVES if name != "all_reduce") + (

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.exercises.builtins_off import refusing, replaced, switched_off
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.sharded_optimizer import ShardedOptimizer, partition
 

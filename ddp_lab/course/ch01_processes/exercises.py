@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, distributed_c10d
 
 from ddp_lab.exercises.builtins_off import COLLECTIVES, replaced, switched_off
-from ddp_lab.exercises.ranks import WORLD_SIZES, new_seed, run_ranks
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import WORLD_SIZES, new_seed, run_ranks
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 NO_SLEEP = "sleeping a while does not wait for the others; block on something they do"

@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
 from ddp_lab.exercises.bytes_sent import recording_p2p, rounds
-from ddp_lab.exercises.ranks import (WORLD_SIZES, generator, new_seed, random_tensor,
+from ddp_lab.exercises.driver import (WORLD_SIZES, generator, new_seed, random_tensor,
                                      run_ranks, tensor_problem)
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 P2P_ONLY = "build it from send/recv (isend/irecv) only"

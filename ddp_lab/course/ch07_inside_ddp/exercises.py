@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
 from ddp_lab.course.params import flat_grads
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 MODEL = MLPConfig(inputs=16, width=64, depth=3, outputs=2)

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
-from ddp_lab.exercises.ranks import (WORLD_SIZES, describe, new_seed, random_tensor, run_ranks,
+from ddp_lab.exercises.driver import (WORLD_SIZES, describe, new_seed, random_tensor, run_ranks,
                                      tensor_problem)
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 P2P_ONLY = "use only send/recv, isend/irecv or batch_isend_irecv"

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.exercises.builtins_off import BuiltinSwitchedOff, replaced
-from ddp_lab.exercises.ranks import generator, new_seed, run_ranks, tensor_problem
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import generator, new_seed, run_ranks, tensor_problem
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 LAYOUTS = ((1, 1), (2, 1), (3, 1), (4, 2))  # (world size, ranks per node)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 

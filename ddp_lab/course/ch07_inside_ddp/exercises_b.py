@@ -24,8 +24,8 @@ from torch.distributed import distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_lab.exercises.builtins_off import replaced
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.ddp import DDP
 

@@ -17,7 +17,7 @@ import torch.cuda
 
 from ddp_lab.course.ch09_torchrun import by_hand
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.ranks import new_seed
+from ddp_lab.exercises.driver import new_seed
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 TRIALS = 300

@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.ranks import WORLD_SIZES, generator, new_seed, run_ranks
-from ddp_lab.exercises.ranks import where as on
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 
