@@ -4,13 +4,12 @@ A real kernel matters: the launcher's whole reason to exist is that code defined
 kernel's ``__main__`` behaves differently from code in a script (see DESIGN.md), so running
 the notebooks as plain Python would test the wrong thing. Each notebook leaves three
 artifacts under the build folder: the executed copy, an HTML page (also for a failed
-notebook, so the traceback is one click away), and a shared ``index.html``.
+notebook, so the traceback is one click away), and the course's front page ``index.html``
+(tools/front_page.py).
 """
 
 from __future__ import annotations
 
-import html
-import json
 import os
 import site
 import time
@@ -25,6 +24,7 @@ from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 from traitlets import default
 
+from ddp_lab.tools.front_page import write_index
 from ddp_lab.tools.notebook_report import NotebookReport, report_of
 from ddp_lab.tools.solved import solved_copy, unsolved_checks
 
@@ -152,58 +152,6 @@ def _first_unsolved(nb) -> tuple[int | None, Exception | None]:
     return cells[0], UnsolvedInSolvedMode(f"the check says {NOT_SOLVED!r} in solved mode")
 
 
-def _index_row(report: NotebookReport, build_dir: Path) -> str:
-    status = "ok" if report.ok else "FAILED"
-    detail = "" if report.ok else html.escape(report.describe())
-    links = " ".join(
-        f'<a href="{p.relative_to(build_dir).as_posix()}">{label}</a>'
-        for p, label in ((report.html_path, "html"), (report.executed_path, "ipynb"))
-        if p is not None
-    )
-    return (
-        f'<tr class="{status.lower()}"><td>{html.escape(report.name)}</td><td>{status}</td>'
-        f"<td>{report.seconds:.1f}</td><td>{links}</td><td>{detail}</td></tr>"
-    )
-
-
-def write_index(reports: list[NotebookReport], build_dir: Path | str) -> Path:
-    """``build_dir/index.html``: one row per notebook with status, seconds and links.
-
-    Rows of notebooks this run did not execute stay as the last run left them (kept in
-    ``index.json`` beside the page): ``--pattern "03_*"`` after a full run updates one row
-    instead of replacing the whole report with it."""
-    build_dir = Path(build_dir).resolve()
-    rows = _merged_rows(build_dir / "index.json",
-                        {r.name: {"ok": r.ok, "row": _index_row(r, build_dir)} for r in reports})
-    passed = sum(row["ok"] for row in rows.values())
-    table = "\n".join(row["row"] for row in rows.values())
-    page = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>ddp-lab notebooks</title>
-<style>body{{font-family:sans-serif}} td,th{{padding:4px 10px;text-align:left}}
-tr.failed{{background:#fdd}} tr.ok{{background:#efe}}</style></head>
-<body><h1>ddp-lab notebooks: {passed}/{len(rows)} passed</h1>
-<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>links</th><th>error</th></tr>
-{table}
-</table></body></html>
-"""
-    index = build_dir / "index.html"
-    index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(page, encoding="utf-8")
-    return index
-
-
-def _merged_rows(store: Path, new: dict) -> dict:
-    """Earlier rows updated with this run's, in notebook order; written back to ``store``."""
-    try:
-        rows = json.loads(store.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        rows = {}  # first run, or a report from before index.json existed
-    rows = dict(sorted({**rows, **new}.items()))
-    store.parent.mkdir(parents=True, exist_ok=True)
-    store.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    return rows
-
-
 def run_all(
     notebook_dir: Path | str,
     build_dir: Path | str,
@@ -212,7 +160,8 @@ def run_all(
     timeout_per_cell: float = 300.0,
     solved: bool = False,
 ) -> list[NotebookReport]:
-    """Execute every matching notebook in order, then write ``build_dir/index.html``."""
+    """Execute every matching notebook in order, then write ``build_dir/index.html``, the
+    front page (a partial run updates its notebooks' entries and keeps the others)."""
     notebooks = find_notebooks(notebook_dir, pattern)
     reports = []
     for i, path in enumerate(notebooks, 1):
