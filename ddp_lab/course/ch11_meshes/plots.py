@@ -31,14 +31,14 @@ def mesh_picture(groups: list[dict]) -> Figure:
     return fig
 
 
-def _matrix(ax, t: torch.Tensor, x0: float, color: str) -> float:
-    """Draw ``t`` (2-D) as labelled cells from x0; returns the x after it."""
+def _matrix(ax, t: torch.Tensor, x0: float, color: str, y0: float = 0.0) -> float:
+    """Draw ``t`` (2-D) as labelled cells from (x0, y0) down; returns the x after it."""
     rows, cols = t.shape
     for r in range(rows):
         for c in range(cols):
-            ax.add_patch(Rectangle((x0 + c, -r - 1), 0.95, 0.95, color=color))
+            ax.add_patch(Rectangle((x0 + c, y0 - r - 1), 0.95, 0.95, color=color))
             value = t[r, c].item()
-            ax.text(x0 + c + 0.47, -r - 0.53, f"{value:g}" if abs(value) < 1000 else f"{value:.0f}",
+            ax.text(x0 + c + 0.47, y0 - r - 0.53, f"{value:g}" if abs(value) < 1000 else f"{value:.0f}",
                     ha="center", va="center", fontsize=6.5)
     return x0 + cols + 0.8
 
@@ -60,6 +60,32 @@ def redistribute_picture(results: list[dict], name: str) -> Figure:
     ax.set_title(f"{name}: {calls}", fontsize=10)
     ax.set_xlim(-0.2, x)
     ax.set_ylim(-max(t.shape[0] for r in per_rank for t in (r["before"], r["after"])) - 0.3, 1.0)
+    ax.set_axis_off()
+    return fig
+
+
+def partial_matmul_picture(results: list[dict]) -> Figure:
+    """One row per rank: its slices of A (Shard(1)) and B (Shard(0)), their product (the
+    Partial summand this rank holds), and the result after redistribute(Replicate())."""
+    fig = Figure(figsize=(11, 1.1 * len(results) * 1.5), layout="constrained")
+    ax = fig.subplots()
+    y, x_end = 0.0, 0.0
+    for rank, r in enumerate(results):
+        m = r["matmul"]
+        ax.text(-0.2, y - 0.5, f"rank {rank}", ha="right", va="center", fontsize=8)
+        x = 0.0
+        for label, t in (("A, Shard(1)", m["a_local"]), ("@ B, Shard(0)", m["b_local"]),
+                         ("= Partial summand", m["partial_local"]),
+                         ("redistribute(Replicate()): sum", m["replicated"])):
+            if rank == 0:
+                ax.text(x, y + 0.3, label, fontsize=8, fontweight="bold")
+            x = _matrix(ax, t, x, RANK_COLORS[rank], y)
+        x_end = x
+        y -= max(m["a_local"].shape[0], m["b_local"].shape[0]) + 0.6
+    ax.set_xlim(-1.2, x_end)
+    ax.set_ylim(y, 1.0)
+    ax.set_title("A @ B with A column-sharded and B row-sharded: each rank's product is a "
+                 "summand; one all-reduce adds them", fontsize=10)
     ax.set_axis_off()
     return fig
 
