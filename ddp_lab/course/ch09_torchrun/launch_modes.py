@@ -12,7 +12,11 @@
   (``0:3,1:2``);
 - ``--no-python`` (the target is an executable, not a Python script) and ``--run-path``
   (the script runs with ``runpy.run_path`` in a worker that multiprocessing starts,
-  instead of a fresh ``python -u script``).
+  instead of a fresh ``python -u script``);
+- ``--nproc-per-node`` by name (``determine_local_world_size`` in torch/distributed/run.py):
+  ``gpu`` is ``torch.cuda.device_count()`` and fails without CUDA; ``auto`` is the
+  accelerator's device count, or without one the CPUs this process may run on
+  (``torch._utils.cpu_count``: ``os.sched_getaffinity``); ``cpu`` is always the latter.
 """
 
 from __future__ import annotations
@@ -68,6 +72,18 @@ def log_files(log_dir: str) -> dict[str, str]:
             with open(path, errors="replace") as f:
                 files[os.path.relpath(path, log_dir)] = f.read()
     return dict(sorted(files.items()))
+
+
+def nproc_per_node(value: str, timeout: float = 60.0) -> TorchrunResult:
+    """``torchrun --standalone --nproc-per-node=VALUE --no-python printenv LOCAL_WORLD_SIZE``:
+    how many workers a named value gives on this machine (``printenv`` workers cost nothing,
+    however many CPUs ``auto`` counts)."""
+    agent = Agent(ThisMachine(), ("--standalone", f"--nproc-per-node={value}", "--no-python",
+                                  "printenv", "LOCAL_WORLD_SIZE"))
+    result = run_agents([agent], timeout=timeout, echo=False)  # logs: a private folder
+    output = "".join(f"{line}\n" for line in result.outputs[0])
+    return TorchrunResult(tuple(agent.argv()), result.returncodes[0], output, result.seconds,
+                          result.stopped)
 
 
 def no_python(timeout: float = 60.0) -> TorchrunResult:
