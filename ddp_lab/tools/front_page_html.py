@@ -94,7 +94,7 @@ def _exercises(exercises) -> str:
         f'<span class="ex-status {_css_class(x.status)}">{html.escape(x.status)}</span>'
         + (f" {html.escape(x.summary)}" if x.summary else "") + "</li>"
         for x in exercises)
-    return f'<ul class="exercises">\n{items}\n</ul>'
+    return f'<p class="meta">Exercises:</p>\n<ul class="exercises">\n{items}\n</ul>'
 
 
 def _css_class(text: str) -> str:

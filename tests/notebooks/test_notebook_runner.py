@@ -143,6 +143,9 @@ def test_run_all_writes_index_and_reports_progress(course: Path, tmp_path: Path)
     for link in ("html/a_pass.html", "html/b_fail.html", "notebooks/b_fail.ipynb"):
         assert link in index
     assert "FAILED" in index and "ValueError" in index
+    # The front page (tests/notebooks/test_front_page.py): titles, and the figure's thumbnail.
+    assert '<a href="html/a_pass.html">A passing notebook</a>' in index
+    assert 'src="html/a_pass.thumb.png"' in index and (build / "html/a_pass.thumb.png").exists()
 
 
 @pytest.mark.timeout(180)
