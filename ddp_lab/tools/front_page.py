@@ -137,12 +137,21 @@ def _exercises(nb, registered: list[str]) -> tuple[ExerciseLine, ...]:
     import ddp_lab.exercises as ex
 
     names = card.exercise_names(nb, registered) if nb is not None else registered
-    known = set(ex.names())
-    return tuple(
-        ExerciseLine(name, ex.describe(name) if name in known else "",
-                     card.exercise_status(nb, name, ex.NOT_SOLVED) if nb is not None
-                     else "not checked in this run")
-        for name in names)
+    return tuple(ExerciseLine(name, _describe(name),
+                              card.exercise_status(nb, name, ex.NOT_SOLVED) if nb is not None
+                              else "not checked in this run")
+                 for name in names)
+
+
+def _describe(name: str) -> str:
+    """The registry's one line on the exercise; "" for a name it does not know (a cell's
+    metadata may name one that was renamed since)."""
+    import ddp_lab.exercises as ex
+
+    try:
+        return ex.describe(name)
+    except ValueError:
+        return ""
 
 
 def _links(report: NotebookReport, build_dir: Path) -> tuple[tuple[str, str], ...]:

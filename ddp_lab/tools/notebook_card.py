@@ -13,12 +13,15 @@ import base64
 import re
 from dataclasses import dataclass
 
+from ddp_lab.tools.solved import exercise_cells
+
 # A code cell tagged so holds the notebook's key figure; untagged, the last figure drawn is.
 KEY_FIGURE_TAG = "key-figure"
 SUMMARY_CHARS = 240
+SHORT_SENTENCE = 80  # characters: shorter, and the next sentence joins it
 
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
-NOT_PROSE = re.compile(r"^\s*([-*+>|]|\d+[.)]\s|```|~~~|<|!\[|\$\$)")
+NOT_PROSE = re.compile(r"^\s*([-*+]\s|>|\||\d+[.)]\s|```|~~~|<|!\[|\$\$)")
 LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 # A sentence ends at . ! ? before a space (or the end), unless the dot ends an abbreviation.
 SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)(?<!\bal)(?<!\bcf)[.!?](?=\s|$)")
@@ -55,15 +58,19 @@ def title(nb, fallback: str) -> str:
 
 def summary(nb) -> str:
     """The first sentence of the first prose paragraph, as inline markdown (code spans
-    kept), cut at SUMMARY_CHARS; "" when the notebook has no prose."""
+    kept), with the next one too while the line stays short (a first sentence such as
+    "Notebook 10 sharded the model state." says little); "" when there is no prose."""
     paragraph = _first_prose_paragraph(nb)
-    if not paragraph:
-        return ""
-    end = SENTENCE_END.search(paragraph)
-    sentence = paragraph[: end.end()] if end else paragraph
-    if len(sentence) > SUMMARY_CHARS:
-        sentence = sentence[: SUMMARY_CHARS].rsplit(" ", 1)[0] + " …"
-    return sentence
+    ends = [m.end() for m in SENTENCE_END.finditer(paragraph)]
+    cut = ends[0] if ends else len(paragraph)
+    for end in ends[1:]:  # whole sentences only, not the "...:" that opens a list
+        if cut >= SHORT_SENTENCE or end > SUMMARY_CHARS:
+            break
+        cut = end
+    line = paragraph[:cut].strip()
+    if len(line) > SUMMARY_CHARS:
+        line = line[:SUMMARY_CHARS].rsplit(" ", 1)[0] + " …"
+    return line
 
 
 def _first_prose_paragraph(nb) -> str:
@@ -117,7 +124,6 @@ def _pngs(cell) -> list[bytes]:
 def exercise_names(nb, registered: list[str]) -> list[str]:
     """The registry's exercises of this notebook, then any other that a cell's metadata
     names (``"exercise": "02.shift"``, the key tools/solved.py reads)."""
-    from ddp_lab.tools.solved import exercise_cells
     named = [name for _, name in exercise_cells(nb) if name]
     return list(dict.fromkeys([*registered, *named]))
 

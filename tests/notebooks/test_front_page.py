@@ -74,14 +74,21 @@ INTRO = md("# 02 · Point to point: one rank sends\n\n"
 def test_title_is_the_first_heading_and_the_summary_its_first_sentence():
     nb = nbformat.v4.new_notebook(cells=[code("x = 1"), INTRO, md("## 1. Later")])
     assert card.title(nb, "fallback") == "02 · Point to point: one rank sends"
-    assert card.summary(nb) == "A collective involves every rank; see the tutorial."
+    # The first sentence is short, so the second joins it; the third does not.
+    assert card.summary(nb) == ("A collective involves every rank; see the tutorial. "
+                                "Point-to-point calls like `dist.send` are simpler.")
 
 
 def test_summary_skips_lists_and_headings_and_keeps_abbreviations():
+    first = ("Ranks talk over a network, e.g. over gloo's TCP pairs, as Li et al. describe "
+             "in their paper on DDP.")
     nb = nbformat.v4.new_notebook(cells=[
-        md("# T\n\n- a list\n- more"),
-        md("Ranks talk, e.g. over gloo, as Li et al. describe. `torch` follows.")])
-    assert card.summary(nb) == "Ranks talk, e.g. over gloo, as Li et al. describe."
+        md("# T\n\n- a list\n- more"), md(f"{first}\n**Bold** starts no list. `x` too.")])
+    assert len(first) > card.SHORT_SENTENCE and card.summary(nb) == first
+    short = nbformat.v4.new_notebook(cells=[md("Short one. This notebook:\n\n1. does x")])
+    assert card.summary(short) == "Short one."  # not the colon that opens the list
+    wrapped = nbformat.v4.new_notebook(cells=[md("A line that goes on\n**and on** here.")])
+    assert card.summary(wrapped) == "A line that goes on and on here."
     assert card.title(nbformat.v4.new_notebook(cells=[md("no heading")]), "x_y") == "x_y"
     assert card.summary(nbformat.v4.new_notebook(cells=[code("1")])) == ""
 
@@ -139,8 +146,8 @@ def test_an_entry_holds_title_summary_thumbnail_exercises_time_and_links(tmp_pat
     entry = _entry_html(write_index([report], build).read_text(), "02_point.ipynb")
 
     assert '<h2 class="title"><a href="html/02_point.html">02 · Point to point' in entry
-    assert "calls like <code>dist.send</code>" not in entry  # second sentence: not shown
-    assert "A collective involves every rank; see the tutorial." in entry
+    assert ("A collective involves every rank; see the tutorial. Point-to-point calls like "
+            "<code>dist.send</code> are simpler.</p>") in entry
     assert '<span class="status">ok</span>' in entry and "3.2 s" in entry
     thumbnail = build / "html" / "02_point.thumb.png"
     assert f'src="html/02_point.thumb.png" alt="Key figure of “02 · Point' in entry
@@ -187,8 +194,8 @@ def test_a_failed_entry_shows_where_and_why_and_lists_the_registry_exercises(tmp
 
 TINY_COURSE = {
     "a_figure": [
-        md("# A · Drawing a figure\n\nThis notebook draws one line with `matplotlib`. "
-           "Nothing else."),
+        md("# A · Drawing a figure\n\nThis notebook draws one line with `matplotlib`.\n\n"
+           "A paragraph that is not the summary."),
         code("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\n"
              "ax.plot([1, 4, 9])\nplt.show()"),
         code('def max_over_ranks(value):\n    """The largest value."""\n'
