@@ -6,7 +6,7 @@
   stacked. gloo gathers the list form into one flat buffer too and then copies each piece
   out (upstream ProcessGroupGloo.cpp, ``AsyncAllgatherWork``). The same pair exists for
   reduce-scatter: ``reduce_scatter(out, list)`` and ``reduce_scatter_single(out, t)``.
-  FSDP2 issues the single-tensor forms (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+  FSDP2 calls the single-tensor forms (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
 - ``work.get_future()`` turns an async collective into a ``torch.futures.Future`` whose
   callbacks (``then``) run when the data is there: DDP's comm hooks return one
   (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, ``_allreduce_fut``).
