@@ -143,7 +143,11 @@ def test_an_entry_holds_title_summary_thumbnail_exercises_time_and_links(tmp_pat
     nbformat.write(nbformat.v4.new_notebook(cells=cells), report.path)  # the source
 
     build = tmp_path / "build"
-    entry = _entry_html(write_index([report], build).read_text(), "02_point.ipynb")
+    page = write_index([report], build).read_text()
+    entry = _entry_html(page, "02_point.ipynb")
+
+    # Self-contained: inline CSS, no script, no stylesheet or image from elsewhere.
+    assert "<style>" in page and not re.search(r"<script|<link|https?://", page)
 
     assert '<h2 class="title"><a href="html/02_point.html">02 · Point to point' in entry
     assert ("A collective involves every rank; see the tutorial. Point-to-point calls like "
