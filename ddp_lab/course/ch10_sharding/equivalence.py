@@ -128,16 +128,26 @@ def zero_torch(config: TrainConfig) -> Setup:
     return Setup(model, optimizer, _nothing, lambda: _plain(model.module.state_dict()))
 
 
-def fsdp2_torch(config: TrainConfig, reshard_after_forward: bool = True) -> Setup:
-    """FSDP2 layer by layer, bottom-up as ``fully_shard``'s docstring asks, on a 1-D CPU mesh."""
+def shard_layers(model: nn.Sequential, mesh=None, **fully_shard_options) -> nn.Sequential:
+    """``fully_shard`` on every Linear, then on the whole model: bottom-up, as its docstring
+    asks, so that each layer is one all-gather and one reduce-scatter. ``mesh`` None: a 1-D
+    CPU mesh over all ranks; the options (``mp_policy``, ``offload_policy``, ...) go to every
+    call."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = make_model(config)
+    mesh = mesh if mesh is not None else init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(layer, mesh=mesh, **fully_shard_options)
+    fully_shard(model, mesh=mesh, **fully_shard_options)
+    return model
+
+
+def fsdp2_torch(config: TrainConfig, reshard_after_forward: bool = True, mesh=None,
+                **fully_shard_options) -> Setup:
+    """FSDP2 layer by layer (``shard_layers``) with Adam."""
+    model = shard_layers(make_model(config), mesh, reshard_after_forward=reshard_after_forward,
+                         **fully_shard_options)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     return Setup(model, optimizer, _nothing, lambda: _plain(model.state_dict()))
 
