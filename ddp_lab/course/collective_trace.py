@@ -1,13 +1,20 @@
-"""Which collectives ran, and on how many bytes: a TorchDispatchMode that sees every
-collective that goes through the dispatcher, both the c10d ops behind ``dist.all_reduce``
-& co. and the functional collectives that DTensor and FSDP2 use. torch's own
-``CommDebugMode`` (torch/distributed/tensor/debug/_comm_mode.py) counts calls the same way;
-this one also records the bytes, which the course turns into traffic per rank. DDP's
-Reducer is seen too: its default all-reduce reaches the dispatcher as ``c10d::allreduce_``
-(checked in tests/course/test_sharding.py, one call per bucket).
+"""Which collectives ran, on how many bytes, with whom: a TorchDispatchMode that sees every
+collective at the level everything passes through, the dispatcher. ``dist.all_reduce``, the
+same name imported (``from torch.distributed import all_reduce``), ``distributed_c10d.X``,
+the process-group object's own methods (``_get_default_group().allreduce(...)``: torch's
+``ProcessGroup`` calls the ``c10d::allreduce_`` op, torch/csrc/distributed/c10d/ProcessGroup.hpp)
+and the functional collectives that DTensor and FSDP2 use (``_c10d_functional::all_reduce``,
+which issues ``c10d::allreduce_`` in turn) all reach it. torch's own ``CommDebugMode``
+(torch/distributed/tensor/debug/_comm_mode.py) counts calls the same way; this one also
+records bytes, dtypes and point-to-point peers, and can refuse a family of collectives
+before it runs (the exercises switch off what they ask the learner to build). DDP's Reducer
+is seen too: its default all-reduce reaches the dispatcher as ``c10d::allreduce_`` (checked
+in tests/course/test_sharding.py, one call per bucket).
 
 Only the calling thread is watched (dispatch modes are thread-local), and autograd's
-backward on CPU runs there too, so collectives issued in backward are counted.
+backward on CPU runs there too, so collectives issued in backward are counted. Each call is
+recorded once, as the op the caller reached: the ``c10d`` op a functional collective issues runs
+inside this mode's handler, where the mode is off.
 """
 
 from __future__ import annotations
@@ -21,26 +28,66 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
+FUNCTIONAL = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 # Ops in those namespaces that move no data of their own.
-NOT_COLLECTIVES = {"wait_tensor", "barrier", "monitored_barrier_", "recv_any_source_",
-                   "_wrap_tensor_autograd"}
+NOT_COLLECTIVES = {"wait_tensor", "_wrap_tensor_autograd"}
 ALL_REDUCES = {"allreduce_", "allreduce_coalesced_", "all_reduce", "all_reduce_coalesced"}
+
+# Every op name, c10d's and the functional ones, by the family a learner knows it by.
+FAMILIES = {
+    "all_reduce": ("allreduce_", "allreduce_coalesced_", "all_reduce", "all_reduce_coalesced"),
+    "all_gather": ("allgather_", "_allgather_base_", "allgather_coalesced_",
+                   "allgather_into_tensor_coalesced_", "all_gather_into_tensor",
+                   "all_gather_into_tensor_coalesced", "all_gather_into_tensor_out"),
+    "reduce_scatter": ("reduce_scatter_", "_reduce_scatter_base_",
+                       "reduce_scatter_tensor_coalesced_", "reduce_scatter_tensor",
+                       "reduce_scatter_tensor_coalesced"),
+    "broadcast": ("broadcast_", "broadcast"),
+    "reduce": ("reduce_",),
+    "gather": ("gather_",),
+    "scatter": ("scatter_",),
+    "all_to_all": ("alltoall_", "alltoall_base_", "all_to_all_single"),
+    "barrier": ("barrier", "monitored_barrier_"),
+    "send": ("send",),
+    "recv": ("recv_", "recv_any_source_"),
+}
+FAMILY_OF = {op: family for family, ops in FAMILIES.items() for op in ops}
+POINT_TO_POINT = ("send", "recv")
+COLLECTIVE_FAMILIES = tuple(f for f in FAMILIES if f not in POINT_TO_POINT + ("barrier",))
+
+
+class BuiltinSwitchedOff(RuntimeError):
+    """The learner's code called something the exercise asks them to build themselves."""
 
 
 @dataclass(frozen=True)
 class CollectiveCall:
-    """One collective: its name (``all_gather_into_tensor``), the bytes of the full tensor it
-    concerns (the larger of what goes in and what comes out), and its group's size."""
+    """One collective: its op name (``all_gather_into_tensor``), the bytes of the full tensor
+    it concerns (the larger of what goes in and what comes out), its group's size, the dtype
+    of that tensor, and for a send or recv the other side's global rank (None: any source)."""
 
     name: str
     nbytes: int
     group_size: int
+    dtype: torch.dtype | None = None
+    peer: int | None = None
+    functional: bool = False
+
+    @property
+    def family(self) -> str:
+        """What a learner calls it: ``all_gather`` for ``_allgather_base_`` and the rest."""
+        return FAMILY_OF.get(self.name, self.name)
 
     @property
     def bytes_per_rank(self) -> float:
         """Bytes each rank sends with a ring algorithm: an all-reduce is a reduce-scatter
         plus an all-gather, 2 (n-1)/n of the tensor; the others move (n-1)/n of it (a
-        broadcast: on average over the ranks)."""
+        broadcast: on average over the ranks). A send moves its tensor; a recv, a barrier
+        nothing of this rank's."""
+        if self.family == "send":
+            return float(self.nbytes)
+        if self.family in ("recv", "barrier"):
+            return 0.0
         n = self.group_size
         return self.nbytes * (n - 1) / n * (2 if self.name in ALL_REDUCES else 1)
 
@@ -52,40 +99,94 @@ def _short(func) -> str:
 class CollectiveTrace(TorchDispatchMode):
     """``with CollectiveTrace() as trace: ...``; then ``trace.calls`` (in order),
     ``trace.counts()`` and ``trace.total_bytes()``; ``world_size`` is the group size of an
-    op that names no group."""
+    op that names no group (default: the default group's). ``forbid`` names families
+    (``"all_gather"``, ``"send"``...) that raise :class:`BuiltinSwitchedOff` with ``why``
+    instead of running."""
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int | None = None, *, forbid=(), why: str = ""):
         super().__init__()
-        self.world_size = world_size
+        unknown = set(forbid) - set(FAMILIES)
+        if unknown:
+            raise ValueError(f"unknown collective families {sorted(unknown)}; "
+                             f"known: {', '.join(FAMILIES)}")
+        self.world_size = world_size if world_size is not None else dist.get_world_size()
+        self.forbid, self.why = frozenset(forbid), why
         self.calls: list[CollectiveCall] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        namespace = getattr(func, "namespace", "")
+        watched = namespace in NAMESPACES and _short(func) not in NOT_COLLECTIVES
+        if watched and FAMILY_OF.get(_short(func)) in self.forbid:
+            raise BuiltinSwitchedOff(f"dist.{FAMILY_OF[_short(func)]} is switched off in this "
+                                     f"exercise, in every form ({_short(func)} reached it): "
+                                     f"{self.why}")
         out = func(*args, **(kwargs or {}))
-        namespace = func.namespace if hasattr(func, "namespace") else ""
-        if namespace in NAMESPACES and _short(func) not in NOT_COLLECTIVES:
-            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
-            nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
-            self.calls.append(CollectiveCall(_short(func), nbytes, self._group_size(func, args)))
+        if watched:
+            self.calls.append(self._call(func, args, kwargs, out, namespace in FUNCTIONAL))
         return out
+
+    def _call(self, func, args, kwargs, out, functional: bool) -> CollectiveCall:
+        tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+        biggest = max(tensors, key=lambda t: t.numel() * t.element_size(), default=None)
+        nbytes = 0 if biggest is None else biggest.numel() * biggest.element_size()
+        if _short(func) == "barrier":
+            nbytes, biggest = 0, None  # gloo's barrier takes a placeholder tensor
+        return CollectiveCall(_short(func), nbytes, self._group_size(func, args),
+                              None if biggest is None else biggest.dtype,
+                              self._peer(func, args), functional)
+
+    def _arguments(self, func, args) -> dict:
+        return {argument.name: value for argument, value in zip(func._schema.arguments, args)}
 
     def _group_size(self, func, args) -> int:
         """The size of the group the op ran on, from its process-group argument (c10d ops
         carry the ProcessGroup itself, functional ones its registered name)."""
-        for argument, value in zip(func._schema.arguments, args):
-            if argument.name == "process_group":
-                return dist.ProcessGroup.unbox(value).size()
-            if argument.name == "group_name":
-                return _resolve_process_group(value).size()
+        named = self._arguments(func, args)
+        if "process_group" in named:
+            return dist.ProcessGroup.unbox(named["process_group"]).size()
+        if "group_name" in named:
+            return _resolve_process_group(named["group_name"]).size()
         return self.world_size
 
+    def _peer(self, func, args) -> int | None:
+        """A send's destination or a recv's source as a global rank (the c10d op carries
+        the group's own rank: ``c10d::send(tensors, process_group, dst, tag)``)."""
+        named = self._arguments(func, args)
+        local = named.get("dst", named.get("src"))
+        if local is None:
+            return None
+        group = dist.ProcessGroup.unbox(named["process_group"])
+        try:
+            return dist.get_global_rank(group, local)
+        except (ValueError, RuntimeError):  # a group torch's registry does not know
+            return local
+
+    def of(self, *families: str) -> list[CollectiveCall]:
+        """The calls of these families, in order."""
+        return [call for call in self.calls if call.family in families]
+
+    def moving_data(self) -> list[CollectiveCall]:
+        """Every record but barriers and receives from any source (what the course's
+        traffic figures count)."""
+        return [call for call in self.calls
+                if call.family != "barrier" and call.name != "recv_any_source_"]
+
     def counts(self) -> dict[str, int]:
+        """Records per op name, functional and c10d alike (barriers left out)."""
         found: dict[str, int] = {}
-        for call in self.calls:
+        for call in self.moving_data():
             found[call.name] = found.get(call.name, 0) + 1
         return found
 
+    def family_counts(self) -> dict[str, int]:
+        """Calls per family, barriers included: ``{"all_reduce": 2, "send": 3}``."""
+        found: dict[str, int] = {}
+        for call in self.calls:
+            found[call.family] = found.get(call.family, 0) + 1
+        return found
+
     def total_bytes(self) -> int:
-        return sum(call.nbytes for call in self.calls)
+        return sum(call.nbytes for call in self.moving_data())
 
     def bytes_per_rank(self) -> float:
-        return sum(call.bytes_per_rank for call in self.calls)
+        return sum(call.bytes_per_rank for call in self.moving_data())

@@ -4,6 +4,7 @@ and the reference solutions, kept apart from the notebooks like a solutions fold
     import ddp_lab.exercises as ex
     ex.names()                     # every exercise
     ex.check("02.all_gather", fn)  # a report, or ExerciseFailed saying what is wrong
+    ex.recipe("02.all_gather")     # the steps spelled out, for when the hint is not enough
     ex.solution("02.all_gather")   # the reference solution
 
 A check on a stub (the cell as shipped) prints "not solved yet" and a hint instead of failing,
@@ -15,7 +16,8 @@ from __future__ import annotations
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed, all_exercises, find
 from ddp_lab.exercises.stubs import is_stub
 
-__all__ = ["names", "check", "solution", "describe", "ExerciseFailed", "Exercise", "NOT_SOLVED"]
+__all__ = ["names", "check", "solution", "recipe", "describe", "ExerciseFailed", "Exercise",
+           "NOT_SOLVED"]
 
 NOT_SOLVED = "not solved yet"
 
@@ -35,11 +37,18 @@ def solution(name: str):
     return find(name).solution
 
 
+def recipe(name: str) -> str:
+    """The steps of one way to solve it, spelled out (the hint only points the way)."""
+    exercise = find(name)
+    return exercise.recipe or exercise.hint
+
+
 def check(name: str, fn) -> str:
     """Run ``name``'s checker on ``fn``; return (and print) its report.
 
-    Raises ExerciseFailed when ``fn`` gives a wrong answer. On a stub, or when ``fn`` raises
-    NotImplementedError on some rank, returns a "not solved yet" report with the hint.
+    Raises ExerciseFailed when ``fn`` gives a wrong answer (its message ends by offering the
+    recipe). On a stub, or when ``fn`` raises NotImplementedError on some rank, returns a
+    "not solved yet" report with the hint.
     """
     exercise = find(name)
     if not callable(fn):
@@ -50,6 +59,11 @@ def check(name: str, fn) -> str:
         report = exercise.checker(fn)
     except NotImplementedError:
         return _say(f"{name}: {NOT_SOLVED}. {exercise.hint}")
+    except ExerciseFailed as failure:
+        if exercise.recipe:
+            raise ExerciseFailed(f"{failure}\n\nStuck? ex.recipe({name!r}) spells out the "
+                                 f"steps.") from None
+        raise
     return _say(f"{name}: passed. {report}")
 
 

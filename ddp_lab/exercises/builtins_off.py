@@ -1,10 +1,13 @@
 """Switching built-ins off while the learner's code runs, so an exercise that rebuilds a
 collective cannot call the collective it rebuilds.
 
-The refusing stand-ins replace the names both on ``torch.distributed`` (what learners call)
-and on ``torch.distributed.distributed_c10d`` (where torch's own helpers look them up), and
-raise :class:`BuiltinSwitchedOff`, whose message names the exercise's point. Everything is
-put back on leaving the ``with`` block, even after an error.
+Collectives are refused where every path meets, the dispatcher
+(:class:`ddp_lab.course.collective_trace.CollectiveTrace` with ``forbid``): ``dist.X``, a name
+imported from torch.distributed, ``distributed_c10d.X``, the process-group object's methods
+and the functional collectives all raise :class:`BuiltinSwitchedOff`, whose message names the
+exercise's point. Anything else (``time.sleep``, a course function the exercise rebuilds) is
+replaced on its module for the block. Everything is put back on leaving the ``with`` block,
+even after an error.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 from typing import Iterator
+
+from ddp_lab.course.collective_trace import BuiltinSwitchedOff, CollectiveTrace
 
 # Every collective of torch.distributed, by family: an exercise switches off the families
 # it rebuilds (names missing from this torch are skipped).
@@ -25,8 +30,15 @@ ALL_TO_ALLS = ("all_to_all", "all_to_all_single")
 COLLECTIVES = GATHERS + REDUCTIONS + BROADCASTS + SCATTERS + ALL_TO_ALLS
 
 
-class BuiltinSwitchedOff(RuntimeError):
-    """The learner's code called something the exercise asks them to build themselves."""
+# The names above by the family the dispatcher knows them by (object collectives and the
+# coalesced and tensor forms run the family's c10d op).
+FAMILY = {name: family for family, names in (
+    ("all_gather", GATHERS[:4] + ("_all_gather_base",)), ("gather", ("gather", "gather_object")),
+    ("all_reduce", ("all_reduce", "all_reduce_coalesced")), ("reduce", ("reduce",)),
+    ("reduce_scatter", ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base")),
+    ("broadcast", BROADCASTS), ("scatter", SCATTERS), ("all_to_all", ALL_TO_ALLS),
+    ("barrier", ("barrier", "monitored_barrier")),
+    ("send", ("send", "isend")), ("recv", ("recv", "irecv"))) for name in names}
 
 
 def refusing(qualified: str, why: str):
@@ -41,13 +53,16 @@ def refusing(qualified: str, why: str):
 def switched_off(names, why: str, module: str = "torch.distributed") -> Iterator[None]:
     """Inside the block, each of ``names`` on ``module`` refuses with ``why``.
 
-    For ``torch.distributed`` the same stand-in also goes on ``distributed_c10d``, so
-    ``dist.all_gather`` and torch-internal calls of it are both off.
+    For ``torch.distributed`` the refusal is at the dispatcher, by family (``all_gather``
+    switches off every form of the all-gather, however it is reached; ``batch_isend_irecv``
+    is the send and recv families).
     """
-    targets = [importlib.import_module(module)]
     if module == "torch.distributed":
-        targets.append(importlib.import_module("torch.distributed.distributed_c10d"))
-    short = "dist" if module == "torch.distributed" else module
+        with CollectiveTrace(forbid=families(names), why=why):
+            yield
+        return
+    targets = [importlib.import_module(module)]
+    short = module
     with contextlib.ExitStack() as stack:
         for name in names:
             stand_in = refusing(f"{short}.{name}", why)
@@ -55,6 +70,21 @@ def switched_off(names, why: str, module: str = "torch.distributed") -> Iterator
                 if hasattr(target, name):
                     stack.enter_context(_replaced(target, name, stand_in))
         yield
+
+
+def families(names) -> set[str]:
+    """The dispatcher families of torch.distributed names (``isend`` -> ``send``). A variant
+    alone (``all_reduce_coalesced``, ``scatter_object_list``) forbids nothing: it runs its
+    family's op, which an exercise that lists every name but ``all_reduce`` still wants."""
+    found = set()
+    for name in names:
+        if name == "batch_isend_irecv":
+            found |= {"send", "recv"}
+        elif name not in FAMILY:
+            raise ValueError(f"no collective family for torch.distributed.{name}")
+        elif FAMILY[name] in names or FAMILY[name] in ("send", "recv"):
+            found.add(FAMILY[name])
+    return found
 
 
 @contextlib.contextmanager

@@ -15,6 +15,9 @@ from ddp_lab.exercises.builtins_off import BuiltinSwitchedOff
 from ddp_lab.exercises.registry import ExerciseFailed
 
 WORLD_SIZES = (1, 2, 3, 4)
+# A trial on a warm fork server takes well under a second; a learner whose ranks wait for
+# each other should hear so, with where each rank waits, within about ten seconds.
+HANG_S = 10.0
 
 
 def new_seed() -> int:
@@ -42,7 +45,7 @@ def random_tensor(seed: int, rank: int) -> torch.Tensor:
 
 
 def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = "",
-              timeout: float = 20.0) -> list:
+              timeout: float = HANG_S) -> list:
     """``ddp_lab.run(worker, world_size, args)``'s values, or ExerciseFailed.
 
     ``where`` says which trial this was ("on 3 ranks, seed 1234"). A NotImplementedError
@@ -67,16 +70,27 @@ def last_line(traceback: str) -> str:
     return lines[-1].strip() if lines else "(no traceback)"
 
 
+def raised(traceback: str) -> str:
+    """The exception a traceback ends with, whole: torch's messages often run over several
+    lines (a shape mismatch, a gloo error with its cause), and its last line alone is a
+    fragment. Everything after the last frame's source line."""
+    lines = (traceback or "").rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  ")]
+    start = next((i for i in range(frames[-1] + 1 if frames else 0, len(lines))
+                  if lines[i].strip() and not lines[i].startswith(" ")), None)
+    return "\n".join(lines[start:]).strip() if start is not None else last_line(traceback)
+
+
 def _failure(err, where: str, hang_hint: str) -> Exception:
     if not (err.traceback or "").strip():  # it left early, or crashed without Python's help
         first = str(err).strip().splitlines()[0]
         return ExerciseFailed(f"{where}: {first} {hang_hint}".rstrip())
-    line = last_line(err.traceback)
-    if line.startswith("NotImplementedError"):
-        return NotImplementedError(line)
-    if BuiltinSwitchedOff.__name__ in line:
-        return ExerciseFailed(f"{where}, rank {err.rank}: {line.split(': ', 1)[-1]}")
-    return ExerciseFailed(f"{where}, rank {err.rank} raised {line}\n\n{err.traceback.rstrip()}")
+    error = raised(err.traceback)
+    if error.startswith("NotImplementedError"):
+        return NotImplementedError(error)
+    if error.startswith(BuiltinSwitchedOff.__name__) or f".{BuiltinSwitchedOff.__name__}:" in error:
+        return ExerciseFailed(f"{where}, rank {err.rank}: {error.split(': ', 1)[-1]}")
+    return ExerciseFailed(f"{where}, rank {err.rank} raised {error}\n\n{err.traceback.rstrip()}")
 
 
 def _stacks(err) -> str:
@@ -95,6 +109,19 @@ def tensor_problem(got, want: torch.Tensor, exact: bool = True) -> str | None:
     same = torch.equal(got, want) if exact else torch.allclose(got, want, rtol=1e-5,
                                                                  atol=1e-6)
     return None if same else f"expected {want}, got {got}"
+
+
+def number_problem(got, want: float, what: str = "a number", rel: float = 1e-6) -> str | None:
+    """None if ``got`` is a Python number close to ``want``; else what is wrong, in words: a
+    tensor where a number is expected is said plainly, with the fix."""
+    if isinstance(got, torch.Tensor):
+        return (f"expected {what} (a Python float), got a tensor {describe(got)}: return "
+                f"tensor.item() for a one-element tensor")
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return f"expected {what} (a Python float), got {type(got).__name__} {got!r}"
+    if abs(got - want) > rel * max(1.0, abs(want)):
+        return f"expected {what} {want!r}, got {got!r}"
+    return None
 
 
 def describe(value) -> str:

@@ -28,7 +28,9 @@ class Exercise:
     ``checker(fn)`` runs the learner's ``fn`` (on real ranks where the exercise is
     distributed) and returns a one-paragraph report, or raises :class:`ExerciseFailed`.
     ``solution`` is the reference solution: a function with the same signature as the stub.
-    ``hint`` is shown when the check meets a stub (not solved yet).
+    ``hint`` is shown when the check meets a stub (not solved yet): it points the way without
+    being the answer. ``recipe`` spells the steps out; it is offered only after a failed
+    attempt (the failure says how to ask for it) or on request (``ex.recipe(name)``).
     ``answered_by`` names the course code whose source answers the exercise
     (``"module:Qualified.name"``): its notebook shows that source only after the check.
     """
@@ -40,6 +42,7 @@ class Exercise:
     solution: Callable
     checker: Callable[[Callable], str]
     answered_by: tuple[str, ...] = ()
+    recipe: str = ""
 
 
 def all_exercises() -> dict[str, Exercise]:
