@@ -15,7 +15,7 @@ def test_defaults_read_from_this_torch_are_there():
     checked = [v for v in nccl_env.ENV_VARS if v.default_from in nccl_env.FILES]
     assert checked and all(v.evidence for v in checked)
     old_path = nccl_env.EnvVar("X", "", nccl_env.LIBRARY, "", nccl_env.LIBRARY,
-                               ("/tmp/nccl_trace_rank_",))  # the pre-2.9 default
+                               ("/tmp/nccl_trace_rank_",))  # an older default
     assert nccl_env.unproven_defaults((old_path,)) == ["X"]
     wrong = nccl_env.EnvVar("Y", "", "FlightRecorder.hpp", "", "FlightRecorder.hpp",
                             ('{"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 0)',))
