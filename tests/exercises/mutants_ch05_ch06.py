@@ -1,4 +1,4 @@
-"""Wrong answers to the exercises of notebooks 05, 05b, 06, 07 and the 07b capstone:
+"""Wrong answers to the exercises of notebooks 05, 05b and 06:
 the ones a learner really writes.
 
 MUTANTS holds (exercise, wrong answer, a regex the rejection must match); test_mutations.py
@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ddp_lab import scratch
 from ddp_lab.course.ch05_ddp_basics import exercises_b as ch05
 
 
@@ -89,70 +88,6 @@ def sum_over_mean_time(samples, seconds):
     return (t[0] / (t[1] / dist.get_world_size())).item()
 
 
-# -- 07 --------------------------------------------------------------------------------------
-def _averaged(buffer):
-    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
-
-
-def summing_hook(state, bucket):
-    state["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
-    return _averaged(bucket.buffer())
-
-
-def uncounted_hook(state, bucket):
-    return _averaged(bucket.buffer().div_(dist.get_world_size()))
-
-
-def counting_elements_hook(state, bucket):
-    state["bytes"] += bucket.buffer().numel()
-    return _averaged(bucket.buffer().div_(dist.get_world_size()))
-
-
-def local_hook(state, bucket):
-    state["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
-    future = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
-
-
-# -- 07b: the capstone -----------------------------------------------------------------------
-class AllReduceAfterBackward(torch.nn.Module):
-    def __init__(self, module, bucket_mb=None):
-        super().__init__()
-        self.module = module
-        for tensor in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(tensor.data, 0)
-
-    def forward(self, *args):
-        return self.module(*args)
-
-    def sync_gradients(self):
-        for p in self.module.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
-
-
-class NoBroadcast(scratch.DDP):
-    def __init__(self, module, bucket_mb=None):
-        real = dist.broadcast
-        dist.broadcast = lambda *args, **kwargs: None
-        try:
-            super().__init__(module, bucket_mb)
-        finally:
-            dist.broadcast = real
-
-
-class NoAverage(scratch.DDP):
-    def __init__(self, module, bucket_mb=None):
-        super().__init__(module, bucket_mb)
-        self.world = 1
-
-
-class BucketsIgnored(scratch.DDP):
-    def __init__(self, module, bucket_mb=None):
-        super().__init__(module, None)
-
-
 # -- 05.average_gradients -------------------------------------------------------------------
 def summed_not_averaged(model):
     for p in model.parameters():
@@ -191,14 +126,6 @@ MUTANTS = [
     ("06.global_throughput", own_rate, "slowest rank's time"),
     ("06.global_throughput", mean_rate, "average of the ranks' rates"),
     ("06.global_throughput", sum_over_mean_time, "MAX"),
-    ("07.counting_hook", summing_hook, "2x too large"),
-    ("07.counting_hook", uncounted_hook, "never increased"),
-    ("07.counting_hook", counting_elements_hook, "element_size"),
-    ("07.counting_hook", local_hook, "kept its own gradient"),
-    ("07b.your_own_ddp", AllReduceAfterBackward, "after backward had ended"),
-    ("07b.your_own_ddp", NoBroadcast, "right after construction"),
-    ("07b.your_own_ddp", NoAverage, "divide by the world size"),
-    ("07b.your_own_ddp", BucketsIgnored, "one per bucket"),
     ("05.average_gradients", summed_not_averaged, "divide by world_size"),
     ("05.average_gradients", rank0_gradients, "MEAN of the ranks' gradients"),
     ("05.average_gradients", reduced_the_parameters, "the parameters changed"),
