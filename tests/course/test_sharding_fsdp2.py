@@ -76,6 +76,7 @@ def test_clipping_sharded_gradients_equals_one_process(features):
     for r in features:
         c = r["clipping"]
         assert c["counts"] == {"all_reduce": 1} and c["norm"] > 0.1
+        assert c["norm_placements"] == (Replicate(),)
         assert c["norm"] == pytest.approx(one["norm"], rel=1e-6)
         torch.testing.assert_close(c["grads"], one["grads"])
 
