@@ -34,12 +34,18 @@ $(VENV)/.installed: pyproject.toml
 course: setup
 	$(BIN)/ddp-lab notebooks
 
+# Two pytest-xdist workers: most tests wait on processes, sockets and timeouts more than they
+# compute. One worker takes the notebooks and the browser in turn (the "notebooks" group),
+# the other the rest; tests/conftest.py keeps their leak checks apart (MachineLock).
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # The markers are registered in pyproject.toml (--strict-markers): a typo fails, not skips.
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not notebooks and not browser and not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not notebooks and not browser and not slow"
 
 # On a machine with CUDA: the launcher, backend="auto" and the GPU paths (tests/gpu/test_gpu.py).
 test-gpu: setup

@@ -10,10 +10,18 @@ clean check began, or the launcher's fork servers changed. Otherwise the process
 the same processes it held at that check, which found none left; the ~700 tests that start
 nothing (the layout rules among them) skip the walk. tests/test_leak_check.py proves that a
 leaked process, port or run folder still fails its test.
+
+`make test` runs the suite on two pytest-xdist workers. What each test checks of its own
+(descendants, ports, run folders named by its pid) is the worker's alone; what it checks of
+the whole machine (folders of exited processes, torch's temp files) waits out the grace
+period, so another worker's launcher that is still cleaning up is not blamed; and a test that
+watches machine-wide state (/dev/shm, the leak check's own proof) is marked ``alone`` and runs
+while no other test does (:class:`MachineLock`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import signal
@@ -101,12 +109,18 @@ def pytest_configure(config):
         os.environ["DDP_LAB_STRESS_RUNS"] = str(config.getoption("--stress-runs"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist groups
 def pytest_collection_modifyitems(config, items):
-    """The integration tier measured slow (tests/slow.py) gets its marker here."""
+    """The integration tier measured slow (tests/slow.py) gets its marker here. The notebooks
+    and the browser go first, as one xdist group: one worker runs them one after another
+    (about half of the suite's time) while the other runs everything else; two notebooks at
+    once on two cores would slow both past what their cells allow."""
     for item in items:
         if is_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("notebooks") or item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.xdist_group("notebooks"))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 def pytest_addoption(parser):
@@ -212,8 +226,59 @@ def assert_no_process_left(gate: ProcessGate) -> None:
     gate.seen = seen
 
 
+class MachineLock:
+    """A readers-writer lock between the xdist workers (and any other pytest of this suite on
+    the machine): every test holds it shared; a test marked ``alone`` holds it exclusively.
+    The turnstile makes it fair: an ``alone`` test waiting for the exclusive lock holds the
+    turnstile, so the other worker cannot start test after test ahead of it (flock alone
+    would let shared holders starve it). A pytest that a test runs inside its own (the leak
+    check's proof) is told ``DDP_LAB_TEST_LOCK=off``: its test holds the lock already."""
+
+    def __init__(self):
+        self.off = os.environ.get("DDP_LAB_TEST_LOCK") == "off"
+        base = os.path.join(tempfile.gettempdir(), f"ddp-lab-tests-{os.getuid()}")
+        self.turnstile = open(base + ".turnstile", "a")
+        self.room = open(base + ".lock", "a")
+
+    def enter(self, alone: bool) -> None:
+        if self.off:
+            return
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self.room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+
+    def leave(self) -> None:
+        if self.off:
+            return
+        fcntl.flock(self.room, fcntl.LOCK_UN)
+        fcntl.flock(self.turnstile, fcntl.LOCK_UN)  # held only by an ``alone`` test
+
+
+MACHINE = pytest.StashKey[MachineLock]()
+
+
+def settled(read, before: set[str]) -> set[str]:
+    """What ``read()`` finds beyond ``before`` after waiting up to the grace period for it to
+    go: a launcher of another worker may be removing its folder right now; a real leftover
+    stays and fails the test."""
+    deadline = time.monotonic() + GRACE_S
+    while (new := read() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return new
+
+
 @pytest.fixture(autouse=True)
-def nothing_left_behind(pytestconfig):
+def nothing_left_behind(request, pytestconfig):
+    lock = pytestconfig.stash.setdefault(MACHINE, MachineLock())
+    lock.enter(alone=request.node.get_closest_marker("alone") is not None)
+    try:
+        yield from _checked(pytestconfig)
+    finally:
+        lock.leave()
+
+
+def _checked(pytestconfig):
     folders_before = run_folders()
     abandoned_before = abandoned_run_folders()
     torch_leftovers_before = torch_temp_leftovers()
@@ -222,7 +287,7 @@ def nothing_left_behind(pytestconfig):
     listening = [c for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
     assert not listening, f"ports left listening: {listening}"
     assert run_folders() <= folders_before, "a ddp_lab run folder was left behind"
-    abandoned = abandoned_run_folders() - abandoned_before
+    abandoned = settled(abandoned_run_folders, abandoned_before)
     assert not abandoned, f"folders of exited processes left behind: {sorted(abandoned)}"
-    new_logs = torch_temp_leftovers() - torch_leftovers_before
+    new_logs = settled(torch_temp_leftovers, torch_leftovers_before)
     assert not new_logs, f"a torchrun or spawn left {sorted(new_logs)} in the temp folder"

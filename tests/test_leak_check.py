@@ -115,12 +115,14 @@ FAILURES = {
 
 
 @pytest.mark.slow  # a pytest run of its own: about 15 s on 2 quiet cores
+@pytest.mark.alone  # its inner run checks machine-wide leftovers: no other test may add any
 @pytest.mark.timeout(180)
 def test_each_kind_of_leak_fails_its_test(pytester, tmp_path, monkeypatch):
     record = tmp_path / "leaks.txt"
     record.touch()
     monkeypatch.setenv("LEAK_RECORD", str(record))
     monkeypatch.setenv("COLUMNS", "1000")  # the short summary's reasons, not cut short
+    monkeypatch.setenv("DDP_LAB_TEST_LOCK", "off")  # this test holds the machine already
     monkeypatch.setenv("DDP_LAB_LEAK_GRACE_S", "1")  # these leaks never exit: no 10 s waits
     monkeypatch.setenv("PYTHONPATH", str(CONFTEST.parent))  # the modules conftest imports
     pytester.makeconftest(CONFTEST.read_text() + CLEAN_AFTER_EACH_TEST
