@@ -148,16 +148,18 @@ def epoch_orders(panels: list[tuple[str, list[list[int]]]], n: int) -> Figure:
 
 def resume_plot(runs: dict) -> Figure:
     """Left: loss per step of each run (rank 0). Right: how far each resumed run's weights
-    are from the uninterrupted run's at the same step (0 = bit-identical)."""
+    are from the uninterrupted run's at the same step (0 = bit-identical). ``runs`` holds
+    "uninterrupted", "first part", "resumed" and any number of "resumed, <what was left
+    out>" variants."""
     full = runs["uninterrupted"]
     styles = {"uninterrupted": dict(color="0.6", linewidth=5, alpha=0.5),
               "first part": dict(color=PALETTE[0], marker="o", linestyle="none"),
-              "resumed": dict(color=PALETTE[2], marker="s", linestyle="none"),
-              "resumed, no optimizer state": dict(color=PALETTE[3], marker="x", linestyle="--")}
+              "resumed": dict(color=PALETTE[2], marker="s", linestyle="none")}
+    variant = dict(color=PALETTE[3], marker="x", linestyle="--")
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     left, right = fig.subplots(1, 2)
     for name, run in runs.items():
-        left.plot(run["steps"], run["losses"], label=name, **styles[name])
+        left.plot(run["steps"], run["losses"], label=name, **styles.get(name, variant))
     stop = runs["first part"]["steps"][-1]
     for ax in (left, right):
         ax.axvline(stop + 0.5, color="black", linestyle=":", linewidth=1)
@@ -166,12 +168,13 @@ def resume_plot(runs: dict) -> Figure:
     left.set_ylabel("loss (rank 0)")
     left.set_title("stopped after step %d, resumed from its checkpoint" % stop, fontsize=10)
     left.legend(fontsize=8)
-    for name, label in (("resumed", "resumed: 0 at every step (bit-identical)"),
-                        ("resumed, no optimizer state", "resumed, no optimizer state")):
-        run = runs[name]
+    for name, run in runs.items():
+        if not name.startswith("resumed"):
+            continue
         gaps = [(w - full["weights"][s]).abs().max().item()
                 for s, w in zip(run["steps"], run["weights"])]
-        right.plot(run["steps"], gaps, label=label, **styles[name])
+        label = "resumed: 0 at every step (bit-identical)" if name == "resumed" else name
+        right.plot(run["steps"], gaps, label=label, **styles.get(name, variant))
     right.set_ylabel("max |w - w uninterrupted|")
     right.set_title("distance from the uninterrupted run", fontsize=10)
     right.legend(fontsize=8)
