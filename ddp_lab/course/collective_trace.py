@@ -64,7 +64,11 @@ class BuiltinSwitchedOff(RuntimeError):
 class CollectiveCall:
     """One collective: its op name (``all_gather_into_tensor``), the bytes of the full tensor
     it concerns (the larger of what goes in and what comes out), its group's size, the dtype
-    of that tensor, and for a send or recv the other side's global rank (None: any source)."""
+    of that tensor, and for a send or recv the other side's global rank (None: any source).
+    ``whole_nbytes`` counts a list form's list whole: ``all_gather(tensor_list, t)``'s
+    output is n tensors and ``nbytes`` holds the largest one, ``whole_nbytes`` their sum (for
+    the tensor forms the two agree); a checker that judges cost by bytes reads it, so that an
+    ``all_to_all`` of whole tensors is not counted as one of them."""
 
     name: str
     nbytes: int
@@ -72,6 +76,7 @@ class CollectiveCall:
     dtype: torch.dtype | None = None
     peer: int | None = None
     functional: bool = False
+    whole_nbytes: int = 0
 
     @property
     def family(self) -> str:
@@ -94,6 +99,14 @@ class CollectiveCall:
 
 def _short(func) -> str:
     return func.__name__.split(".")[0]
+
+
+def _list_bytes(args) -> int:
+    """The bytes of the largest tensor-list argument, its tensors summed (c10d's list forms
+    take ``Tensor[]`` or ``Tensor[][]``: all_gather's output list, reduce_scatter's input)."""
+    lists = [a for a in args if isinstance(a, (list, tuple))]
+    return max((sum(t.numel() * t.element_size() for t in tree_leaves(a)
+                    if isinstance(t, torch.Tensor)) for a in lists), default=0)
 
 
 class CollectiveTrace(TorchDispatchMode):
@@ -133,7 +146,8 @@ class CollectiveTrace(TorchDispatchMode):
             nbytes, biggest = 0, None  # gloo's barrier takes a placeholder tensor
         return CollectiveCall(_short(func), nbytes, self._group_size(func, args),
                               None if biggest is None else biggest.dtype,
-                              self._peer(func, args), functional)
+                              self._peer(func, args), functional,
+                              whole_nbytes=0 if nbytes == 0 else max(nbytes, _list_bytes(args)))
 
     def _arguments(self, func, args) -> dict:
         return {argument.name: value for argument, value in zip(func._schema.arguments, args)}
