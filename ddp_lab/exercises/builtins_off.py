@@ -103,3 +103,33 @@ def _replaced(target, name: str, value) -> Iterator[None]:
         yield
     finally:
         setattr(target, name, original)
+
+
+@contextlib.contextmanager
+def refused_everywhere(function, qualified: str, why: str) -> Iterator[None]:
+    """Inside the block, the Python function ``function`` (a course or scratch function the
+    exercise rebuilds) refuses with ``why`` however it is reached: under its module's name,
+    imported under another (``from ddp_lab.scratch.moe import dispatch`` at the top of a
+    notebook), or through a class. Replacing the module attribute, as :func:`switched_off`
+    does for other modules, misses the imported names; here the function object itself
+    changes: its code is swapped for code that raises, and put back on leaving the block."""
+    if function.__code__.co_freevars:
+        raise ValueError(f"{qualified} is a closure: its code cannot be swapped")
+    original = function.__code__
+    function.__code__ = _refusing_code(f"{qualified} is switched off in this exercise, "
+                                       f"however it is imported: {why}", original.co_name)
+    try:
+        yield
+    finally:
+        function.__code__ = original
+
+
+def _refusing_code(message: str, name: str):
+    """Code that raises BuiltinSwitchedOff(message) whatever it is called with; it resolves
+    the exception class by import, since it runs with the swapped function's globals."""
+    def template(*args, **kwargs):
+        raise __import__("ddp_lab.course.collective_trace",
+                         fromlist=["BuiltinSwitchedOff"]).BuiltinSwitchedOff("MESSAGE")
+    code = template.__code__
+    return code.replace(co_name=name, co_consts=tuple(
+        message if constant == "MESSAGE" else constant for constant in code.co_consts))
