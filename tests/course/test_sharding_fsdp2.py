@@ -9,10 +9,12 @@ import os
 
 import pytest
 import torch
+from matplotlib.figure import Figure
 from torch.distributed.tensor import Replicate, Shard
 
 import ddp_lab
-from ddp_lab.course.ch10_sharding import checkpoint, equivalence, fsdp2_features, fsdp2_lifecycle
+from ddp_lab.course.ch10_sharding import (checkpoint, equivalence, fsdp2_features, fsdp2_lifecycle,
+                                          plots)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -69,6 +71,7 @@ def test_accumulation_without_sync_reduces_once_with_the_same_gradient(features)
         assert last["counts"] == {"_allgather_base_": 18, "_reduce_scatter_base_": 3}
         torch.testing.assert_close(last["grads"], every["grads"])
         torch.testing.assert_close(last["grads"], one["grads"])
+    assert isinstance(plots.fsdp2_switches_figure(features[0]), Figure)
 
 
 def test_clipping_sharded_gradients_equals_one_process(features):
@@ -102,7 +105,7 @@ def test_resuming_with_optimizer_state_is_exact_and_cleans_up(features):
         assert not checkpoint.same_tensors(res["resumed"]["model only"], res["uninterrupted"])
         assert res["optimizer keys"] == ["exp_avg", "exp_avg_sq", "step"]
         assert res["files"] == [".metadata"] + [f"__{i}_0.distcp" for i in range(4)]
-        assert not os.path.exists(res["folder"])
+        assert not res["left behind"] and not os.path.exists(res["folder"])
     assert set(features[0]["resume"]["exported"].values()) == {"Tensor"}
     assert all(r["resume"]["exported"] == {} for r in features[1:])
 
@@ -130,5 +133,5 @@ def test_init_resume_and_clipping_on_three_ranks():
         assert equivalence.largest_difference(r["meta init"], expected) < 1e-5
         assert checkpoint.same_tensors(r["resume"]["resumed"]["model and optimizer"],
                                        r["resume"]["uninterrupted"])
-        assert not os.path.exists(r["resume"]["folder"])
+        assert not r["resume"]["left behind"]
         assert r["clipping"]["norm"] == pytest.approx(one["norm"], rel=1e-6)

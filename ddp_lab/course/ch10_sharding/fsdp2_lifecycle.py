@@ -25,6 +25,7 @@ from ddp_lab.course.ch10_sharding.equivalence import (Setup, TrainConfig, _nothi
                                                      fsdp2_torch, global_batch, make_model,
                                                      shard_layers, train, train_step)
 from ddp_lab.course.one_process import one_process_training
+from ddp_lab.launch.config import RUN_DIR_VAR
 
 
 def _reset_parameters(model: nn.Module, seed: int) -> None:
@@ -90,8 +91,11 @@ def reference_from(initial: dict, config: TrainConfig) -> dict:
 
 def _shared_temp_folder() -> str:
     """A fresh folder made by rank 0, its name sent to every rank (one machine here; on
-    several machines it would have to be a shared file system)."""
-    name = [tempfile.mkdtemp(prefix="ddp_lab_dcp_") if dist.get_rank() == 0 else None]
+    several machines it would have to be a shared file system). It is made inside the run's
+    private folder when ddp_lab launched the ranks, which the launcher removes with the run
+    even if a rank crashes; otherwise in the system's temporary folder."""
+    parent = os.environ.get(RUN_DIR_VAR)
+    name = [tempfile.mkdtemp(prefix="dcp_", dir=parent) if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(name, src=0)
     return name[0]
 
@@ -130,32 +134,37 @@ def _exported(setup) -> dict:
 
 
 def resume_from_checkpoint(config: TrainConfig, saved_after: int = 2) -> dict:
-    """Train ``saved_after`` steps, save model and Adam state with DCP, take one more step
-    (uninterrupted); then fresh ranks' models (other seed) load the checkpoint and take the
-    same step, once with the optimizer state and once without it."""
+    """Train ``saved_after`` steps, save model and Adam state with DCP into a temporary
+    folder, take one more step (uninterrupted); fresh models (another seed) load the
+    checkpoint and take the same step, with the optimizer state and without it. Rank 0
+    removes the folder once every rank is done with it."""
     folder = _shared_temp_folder()
-    try:
-        setup = fsdp2_torch(config)
-        for step in range(saved_after):
-            train_step(setup, config, step)
-        state = _checkpoint_state(setup)
-        dcp.save(state, checkpoint_id=folder)
-        moments = state["optim"]["state"]["0.weight"]
-        train_step(setup, config, saved_after)
-        resumed = {}
-        for name, with_optimizer in (("model and optimizer", True), ("model only", False)):
-            fresh = fsdp2_torch(replace(config, seed=config.seed + 1))
-            _restore(fresh, folder, with_optimizer)
-            train_step(fresh, config, saved_after)
-            resumed[name] = fresh.full_params()
-        return {"uninterrupted": setup.full_params(), "resumed": resumed,
-                "optimizer keys": sorted(moments), "exp_avg": type(moments["exp_avg"]).__name__,
-                "files": sorted(os.listdir(folder)), "folder": folder,
-                "exported": _exported(setup)}
-    finally:
-        dist.barrier()  # nobody reads the folder any more
-        if dist.get_rank() == 0:
-            shutil.rmtree(folder)
+    found = _save_and_resume(folder, config, saved_after)
+    dist.barrier()  # nobody reads the folder any more
+    if dist.get_rank() == 0:
+        shutil.rmtree(folder)
+    dist.barrier()  # removed before anyone looks
+    return {**found, "left behind": os.path.exists(folder)}
+
+
+def _save_and_resume(folder: str, config: TrainConfig, saved_after: int) -> dict:
+    setup = fsdp2_torch(config)
+    for step in range(saved_after):
+        train_step(setup, config, step)
+    state = _checkpoint_state(setup)
+    dcp.save(state, checkpoint_id=folder)
+    moments = state["optim"]["state"]["0.weight"]
+    train_step(setup, config, saved_after)
+    resumed = {}
+    for name, with_optimizer in (("model and optimizer", True), ("model only", False)):
+        fresh = fsdp2_torch(replace(config, seed=config.seed + 1))
+        _restore(fresh, folder, with_optimizer)
+        train_step(fresh, config, saved_after)
+        resumed[name] = fresh.full_params()
+    return {"uninterrupted": setup.full_params(), "resumed": resumed,
+            "optimizer keys": sorted(moments), "exp_avg": type(moments["exp_avg"]).__name__,
+            "files": sorted(os.listdir(folder)), "folder": folder,
+            "exported": _exported(setup)}
 
 
 def fsdp1_and_fsdp2(config: TrainConfig) -> dict:

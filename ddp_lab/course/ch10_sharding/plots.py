@@ -1,7 +1,7 @@
 """Notebook 10's figures, each drawn from what the ranks returned: memory per rank by
 component and against world size, the bytes each variant communicates per step, and which
-rows of a weight each rank holds in a checkpoint saved on N ranks and loaded on M, and
-FSDP2's step time on loopback and on a slow link."""
+rows of a weight each rank holds in a checkpoint saved on N ranks and loaded on M,
+FSDP2's step time on loopback and on a slow link, and what two of FSDP2's switches change."""
 
 from __future__ import annotations
 
@@ -142,4 +142,33 @@ def _all_gathered(ax, per_rank: list[dict], settings: list[str]) -> None:
     ax.set_xticks(range(len(settings)), settings)
     ax.set_ylabel("bytes all-gathered per step / parameter bytes")
     ax.set_title("What each rank all-gathers per step (counted)")
+    ax.legend(fontsize=8)
+
+
+def fsdp2_switches_figure(feature: dict) -> Figure:
+    """Section 8 on one rank's results. Left: bytes all-gathered and reduce-scattered in one
+    forward and backward, plain fp32 against the bf16 policy. Right: the collectives of one
+    step accumulated over micro-batches, reducing each backward or the last one only."""
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    mixed = feature["mixed precision"]
+    _paired_bars(left, {"fp32": mixed["plain_bytes"], "param bf16, reduce fp32": mixed["bytes"]},
+                 scale=1 / 1024)
+    left.set_ylabel("KiB, full tensors, all calls")
+    left.set_title("MixedPrecisionPolicy: bytes of one forward + backward")
+    _paired_bars(right, {way: v["counts"] for way, v in feature["accumulation"].items()})
+    right.set_ylabel("calls in one accumulated step")
+    right.set_title("3 micro-batches: set_requires_gradient_sync")
+    return fig
+
+
+def _paired_bars(ax, series: dict[str, dict[str, float]], scale: float = 1.0) -> None:
+    """One group of bars per key (a collective), one bar per series."""
+    keys = sorted({k for values in series.values() for k in values})
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(keys))]
+        ax.bar(xs, [values.get(k, 0) * scale for k in keys], width, label=label,
+               color=RANK_COLORS[i])
+    ax.set_xticks(range(len(keys)), keys, fontsize=8)
     ax.legend(fontsize=8)
