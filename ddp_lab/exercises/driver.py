@@ -45,24 +45,38 @@ def random_tensor(seed: int, rank: int) -> torch.Tensor:
 
 
 def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = "",
-              timeout: float = HANG_S) -> list:
+              timeout: float = HANG_S, explain=None) -> list:
     """``ddp_lab.run(worker, world_size, args)``'s values, or ExerciseFailed.
 
     ``where`` says which trial this was ("on 3 ranks, seed 1234"). A NotImplementedError
     raised by the learner's code on any rank is re-raised as such: the check then says
-    "not solved yet" instead of failing.
+    "not solved yet" instead of failing. ``explain(err)``, if given, reads the
+    WorkerError or WorkerTimeout (every rank's output is in ``err.logs``) and may return what
+    went wrong, in words (a process that aborted leaves no Python traceback, only what it
+    printed): it leads the message.
     """
     import ddp_lab
     try:
         return ddp_lab.run(worker, world_size=world_size, args=args, backend="gloo",
                            timeout=timeout, echo=False).values
     except ddp_lab.WorkerTimeout as err:
-        raise ExerciseFailed(
+        failure = ExerciseFailed(
             f"{where}: your function hung (ranks {err.stuck_ranks} still waiting after "
             f"{timeout:g} s). {hang_hint}\n\nWhere each stuck rank waited:\n"
-            f"{_stacks(err)}") from None
+            f"{_stacks(err)}")
+        raise _explained(failure, err, where, explain) from None
     except ddp_lab.WorkerError as err:
-        raise _failure(err, where, hang_hint) from None
+        raise _explained(_failure(err, where, hang_hint), err, where, explain) from None
+
+
+def _explained(failure: Exception, err, where: str, explain) -> Exception:
+    said = explain(err) if explain else None
+    if not said or not isinstance(failure, ExerciseFailed):
+        return failure
+    if (getattr(err, "traceback", "") or "").startswith("Fatal Python error"):
+        return ExerciseFailed(f"{where}: {said}\n\nRank {err.rank}'s process was killed "
+                              f"(SIGABRT):\n{err.traceback.rstrip()}")
+    return ExerciseFailed(f"{where}: {said}\n\n{failure}")
 
 
 def last_line(traceback: str) -> str:

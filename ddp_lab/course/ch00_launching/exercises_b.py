@@ -2,10 +2,15 @@
 
 Live ranks step a model cell by cell, and the one invariant of data parallelism is that
 every rank's weights stay identical. The check builds the same model on every rank (one
-seed), then on some trials nudges one weight of one rank (a random rank, rank 0 included)
-by a single float32 step (the next representable number): a sum, a mean or a tolerance
-cannot see that, and an answer that only one rank knows, or that differs between ranks,
-fails. The weights must come back untouched.
+seed), with a frozen layer (``requires_grad=False``: still a weight every rank must agree
+on), then on every world size but 1 runs one trial where the weights agree and one where one
+rank (a random one, rank 0 included) differs in one of three ways, dealt out so that every
+check meets all three: a weight of the frozen layer one float32 step up (the next
+representable number), a trainable weight one step up, or two different weights of one
+tensor swapped. A sum, a mean or a tolerance cannot see the step; a checksum, a norm or a
+sorted copy cannot see the swap; skipping frozen weights misses the first. An answer that
+only one rank knows, or that differs between ranks, fails. The weights must come back
+untouched.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import torch.distributed as dist
 from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+
+DIFFERENCES = ("frozen", "trainable", "swap")
 
 
 def weights_agree(model: torch.nn.Module) -> bool:
@@ -29,50 +36,61 @@ def weights_agree(model: torch.nn.Module) -> bool:
 
 
 def _model(seed: int) -> torch.nn.Module:
-    """The same weights on every rank; sizes only the seed value decides."""
-    sizes = torch.randint(2, 6, (3,), generator=generator(seed)).tolist()
+    """The same weights on every rank; sizes only the seed value decides. The last layer is
+    frozen, as a fine-tuned model's embedding or a pretrained backbone would be."""
+    sizes = torch.randint(2, 6, (4,), generator=generator(seed)).tolist()
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Tanh(),
-                               torch.nn.Linear(sizes[1], sizes[2]))
+    model = torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Tanh(),
+                                torch.nn.Linear(sizes[1], sizes[2]), torch.nn.Tanh(),
+                                torch.nn.Linear(sizes[2], sizes[3]))
+    model[4].requires_grad_(False)
+    return model
 
 
-def _nudge(model: torch.nn.Module, seed: int) -> str:
-    """One weight, chosen by the seed value, to the next float32 up: the smallest change
-    there is."""
-    params = list(model.named_parameters())
-    pick = torch.randint(0, 10 ** 6, (2,), generator=generator(seed, 7)).tolist()
+def _differ(model: torch.nn.Module, seed: int, how: str) -> str:
+    """Make this rank's weights differ from the others' in the smallest way of kind ``how``;
+    return where, in words."""
+    params = [(name, p) for name, p in model.named_parameters()
+              if (how == "frozen") == (not p.requires_grad)]
+    pick = torch.randint(0, 10 ** 6, (3,), generator=generator(seed, 7)).tolist()
     name, param = params[pick[0] % len(params)]
     flat = param.data.view(-1)
-    index = pick[1] % flat.numel()
-    flat[index] = torch.nextafter(flat[index], torch.tensor(float("inf")))
-    return f"{name}[{index}]"
+    i = pick[1] % flat.numel()
+    if how == "swap":
+        j = next(j for j in range(flat.numel()) if flat[j] != flat[i])
+        flat[i], flat[j] = flat[j].clone(), flat[i].clone()
+        return f"{name}[{i}] and {name}[{j}] were swapped"
+    flat[i] = torch.nextafter(flat[i], torch.tensor(float("inf")))
+    frozen = " (a frozen weight, requires_grad=False)" if how == "frozen" else ""
+    return f"{name}[{i}]{frozen} was one float32 step above the others'"
 
 
-def _trial(fn, seed: int, odd_rank: int | None):
+def _trial(fn, seed: int, odd_rank: int | None, how: str):
     model = _model(seed)
-    nudged = _nudge(model, seed) if dist.get_rank() == odd_rank else None
+    differs = _differ(model, seed, how) if dist.get_rank() == odd_rank else None
     before = [p.detach().clone() for p in model.parameters()]
     got = fn(model)
     kept = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
-    return got, kept, nudged
+    return got, kept, differs
 
 
 def check_weights_agree(fn) -> str:
     seed = new_seed()
+    order = torch.randperm(len(DIFFERENCES), generator=generator(seed, 1)).tolist()
     for n in WORLD_SIZES:
-        odd_ranks = [None] + ([int(torch.randint(0, n, (1,), generator=generator(seed, n)))]
-                              if n > 1 else [])
-        for odd_rank in odd_ranks:
+        how = DIFFERENCES[order[(n - 2) % len(DIFFERENCES)]]
+        odd_rank = int(torch.randint(0, n, (1,), generator=generator(seed, n)))
+        for odd in [None] + ([odd_rank] if n > 1 else []):
             where = on(n, seed)
-            _judge(run_ranks(_trial, n, (fn, seed, odd_rank), where=where), odd_rank, where)
-    return (f"the same verdict on every rank, one float32 step told apart, on 1-4 ranks "
-            f"(seed {seed})")
+            _judge(run_ranks(_trial, n, (fn, seed, odd, how), where=where), odd, where)
+    return (f"the same verdict on every rank, on 1-4 ranks, with one rank a float32 step "
+            f"off (in a frozen and in a trainable layer) or two weights swapped (seed {seed})")
 
 
 def _judge(results: list, odd_rank: int | None, where: str) -> None:
     expected = odd_rank is None
     held = ("every rank held the same weights" if expected else
-            f"rank {odd_rank}'s {results[odd_rank][2]} was one float32 step above the others'")
+            f"rank {odd_rank}'s {results[odd_rank][2]}")
     for rank, (got, kept, _) in enumerate(results):
         if not kept:
             raise ExerciseFailed(f"{where}: rank {rank}'s weights changed during your function: "
@@ -86,9 +104,19 @@ def _judge(results: list, odd_rank: int | None, where: str) -> None:
         raise ExerciseFailed(f"{where}: {held}, and the ranks answered {answers}: every rank "
                              "must give the same answer, so each needs what all the others hold.")
     if answers[0] != expected:
-        raise ExerciseFailed(f"{where}: {held}, yet every rank answered {answers[0]}. A sum, a "
-                             "mean or a tolerance can hide a difference of one float32 step: "
-                             "compare exactly.")
+        raise ExerciseFailed(f"{where}: {held}, yet every rank answered {answers[0]}. "
+                             f"{_why_missed(held)}")
+
+
+def _why_missed(held: str) -> str:
+    if "swapped" in held:
+        return ("A sum, a norm, a checksum or a sorted copy is the same after a swap: "
+                "compare every weight with the same weight on the other ranks.")
+    if "frozen" in held:
+        return ("Frozen weights (requires_grad=False) are weights too: model.parameters() "
+                "yields them all; compare every one.")
+    return "A sum, a mean or a tolerance can hide a difference of one float32 step: compare " \
+           "exactly."
 
 
 EXERCISES = (
@@ -97,9 +125,14 @@ EXERCISES = (
         notebook="00b_live_ranks",
         summary="weights_agree(model): True on every rank exactly when all ranks hold the "
                 "same weights",
-        hint="one collective can give every rank the largest and the smallest value of each "
-             "weight over all ranks (what is the MAX of -x?); the weights agree when those two "
-             "are equal everywhere.",
+        hint="each rank needs to know, for every single weight, whether the others hold the "
+             "same number: one collective can tell every rank each weight's largest and "
+             "smallest value over the ranks (what is the largest of -x?).",
+        recipe="v = torch.cat of every parameter, detached and flattened (frozen ones too); "
+               "both = torch.cat([v, -v]); dist.all_reduce(both, op=dist.ReduceOp.MAX) gives "
+               "each weight's maximum and minus its minimum over the ranks; return "
+               "torch.equal(both[:len(v)], -both[len(v):]), the same bool on every rank. "
+               "Reduce the copy, never the parameters.",
         solution=weights_agree,
         checker=check_weights_agree,
     ),

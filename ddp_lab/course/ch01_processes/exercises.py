@@ -1,37 +1,61 @@
 """Notebook 01's exercises: a barrier made of a store, and printing in rank order.
 
-Both are about order, so both are checked without clocks. The barrier: one rank is held
-back by a blocking wait on the store until every other rank is inside the barrier (and,
-if the barrier leaks, until the first one has left), then sets an "arrived" counter; every
-rank reads that counter as it leaves, and a barrier that lets a rank out before the late
-one arrived is caught by the counter, not by timestamps. Printing: the ranks are made to
-start in reverse order (rank k starts only once rank k+1 printed or entered a collective)
-and each ``print`` takes a ticket from the store. In both, ``time.sleep`` is switched off:
-waiting a while is not synchronizing.
+Both are about waiting for the others, so both are judged by when things happen against
+late arrivals of random length, which no fixed wait can match. The barrier: in each round one
+random rank arrives late by a random 0.2-1.5 s; every rank must leave after the last arrival
+and soon after it (``SOON_S``). Printing: one random rank's ``print`` is slow by a random
+0.2-1.5 s (its line takes that long to come out, as on a busy terminal); the lines must come
+out in rank order, each from its own rank, and each rank must begin its line soon after the
+line before it came out. One trial in each check is late by more than ``SOON_S`` and has
+three or more ranks, so a sleep of any fixed length (``time.sleep``, an imported ``sleep``,
+``threading.Event().wait``) leaves too early there or too late everywhere. Nothing is
+patched but the collectives (switched off at the dispatcher in the barrier, where the store
+is the exercise) and the output streams (to see when each line comes out).
 """
 
 from __future__ import annotations
 
-import builtins
 import contextlib
-from datetime import timedelta
+import sys
+import time
 
+import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, distributed_c10d
 
-from ddp_lab.exercises.builtins_off import COLLECTIVES, replaced, switched_off
-from ddp_lab.exercises.driver import WORLD_SIZES, new_seed, run_ranks
+from ddp_lab.course.ch01_processes.processes import StampedStdout
+from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
-NO_SLEEP = "sleeping a while does not wait for the others; block on something they do"
-GRACE = timedelta(seconds=0.3)  # how long the late rank lets a leaky barrier leak
+SOON_S = 0.5   # how soon after the awaited event a rank must go on (wakeups take milliseconds)
+LATE_S = (0.2, 0.7)     # the usual lateness
+VERY_LATE_S = (0.9, 1.5)  # one trial per check: later than SOON_S, so no fixed wait passes
+STORE_ONLY = COLLECTIVES + ("barrier", "monitored_barrier", "send", "recv", "isend", "irecv")
 
 
 def _store(prefix: str) -> PrefixStore:
     """Keys of this check's own in the launcher's store (torch's default-group store:
     ``distributed_c10d._get_default_store``, the one init_process_group used)."""
     return PrefixStore(prefix, distributed_c10d._get_default_store())
+
+
+def lateness_plan(seed: int, trials: list) -> dict:
+    """A random lateness (s) for each trial; one trial with 3 or more ranks gets a very
+    late one. ``trials`` are (world_size, ...) tuples."""
+    big = [t for t in trials if t[0] >= 3]
+    chosen = big[int(torch.randint(0, len(big), (1,), generator=generator(seed, 3)))]
+    plan = {}
+    for i, trial in enumerate(trials):
+        low, high = VERY_LATE_S if trial == chosen else LATE_S
+        u = torch.rand((), generator=generator(seed, 5, i)).item()
+        plan[trial] = round(low + (high - low) * u, 3)
+    return plan
+
+
+def _pick(seed: int, n: int, *salt: int) -> int:
+    return int(torch.randint(0, n, (1,), generator=generator(seed, n, *salt)))
 
 
 # -- 01.store_barrier ----------------------------------------------------------------------
@@ -43,67 +67,60 @@ def store_barrier(store, world_size: int, name: str) -> None:
     store.wait([f"{name}/go"])
 
 
-def _barrier_trial(barrier, seed: int, rounds: int) -> list[dict]:
+def _barrier_trial(barrier, seed: int, rounds: list) -> list:
+    """Each round: line up (torch's barrier), the late rank sleeps, everybody calls the
+    learner's barrier; (arrived, left) per round, in wall-clock seconds."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    store, theirs = _store(f"ex01b/{seed}/check"), _store(f"ex01b/{seed}/yours")
+    theirs = _store(f"ex01b/{seed}/yours")
     seen = []
-    for r in range(rounds):
-        late = (seed + r) % world
+    for r, (late, lateness) in enumerate(rounds):
+        dist.barrier()
         if rank == late:
-            _hold_back(store, r, world)
-            store.add(f"{r}/late_in", 1)
-        else:
-            if store.add(f"{r}/entered", 1) == world - 1:
-                store.set(f"{r}/all_entered", "1")
-        with _no_sleep(), switched_off(COLLECTIVES + ("barrier", "monitored_barrier"),
-                                       "build the barrier from the store alone"):
+            time.sleep(lateness)
+        arrived = time.time()
+        with switched_off(STORE_ONLY, "build the barrier from the store alone"):
             barrier(theirs, world, f"barrier{r}")
-        seen.append({"late": late, "late_was_in": store.add(f"{r}/late_in", 0) == 1})
-        store.set(f"{r}/someone_left", "1")
+        seen.append((arrived, time.time()))
     return seen
-
-
-def _hold_back(store, r: int, world: int) -> None:
-    """The late rank waits until everybody else is inside the barrier, then a moment more
-    unless somebody leaves (a wrong barrier) sooner."""
-    if world == 1:
-        return
-    store.wait([f"{r}/all_entered"])
-    try:
-        store.wait([f"{r}/someone_left"], GRACE)
-    except (RuntimeError, dist.DistError):  # nobody left: a store timeout, as it should be
-        pass
-
-
-@contextlib.contextmanager
-def _no_sleep():
-    import time
-    with switched_off(("sleep",), NO_SLEEP, module="time"):
-        yield time
 
 
 def check_store_barrier(fn, rounds: int = 2) -> str:
     seed = new_seed()
+    plan = lateness_plan(seed, [(n, r) for n in WORLD_SIZES if n > 1 for r in range(rounds)])
     for n in WORLD_SIZES:
-        seen = run_ranks(_barrier_trial, n, (fn, seed, rounds), where=on(n, seed),
+        late = [(_pick(seed, n, r), plan.get((n, r), 0.0)) for r in range(rounds)]
+        seen = run_ranks(_barrier_trial, n, (fn, seed, late), where=on(n, seed),
                          hang_hint="A rank waited for a key nobody set: does the last rank "
-                         "to arrive (add returned world_size) set the key the others wait "
-                         "for, and does each barrier use keys of its own (name)?")
-        for r in range(rounds):
-            early = [rank for rank, log in enumerate(seen) if not log[r]["late_was_in"]]
-            if early:
-                raise ExerciseFailed(_leak_message(n, seed, r, early, seen[0][r]["late"]))
-    return f"no rank ever left before the last one arrived: {rounds} barriers in a row " \
-           f"on 1-4 ranks (seed {seed})"
+                         "to arrive set the key the others wait for, and does each barrier "
+                         "use keys of its own (name)?")
+        for r, (late_rank, lateness) in enumerate(late):
+            problem = _barrier_problem([log[r] for log in seen], late_rank, lateness, r)
+            if problem:
+                raise ExerciseFailed(f"{on(n, seed)}, barrier {r}: {problem}")
+    return (f"every rank left after the last arrival, and within {SOON_S} s of it, {rounds} "
+            f"barriers in a row with a random rank late by a random time, on 1-4 ranks "
+            f"(seed {seed})")
 
 
-def _leak_message(n: int, seed: int, r: int, early: list[int], late: int) -> str:
-    again = (" It failed only from the second barrier on: does each barrier use keys of "
-             "its own (put name in them)?") if r else ""
-    return (f"{on(n, seed)}, barrier {r}: rank(s) {early} left before rank {late} (held "
-            "back on purpose) had arrived. A barrier must hold every rank until the last "
-            "one is in: count arrivals with store.add, and store.wait for a key that only "
-            "the last arrival sets." + again)
+def _barrier_problem(times: list, late: int, lateness: float, r: int) -> str | None:
+    last = max(arrived for arrived, _ in times)
+    early = [rank for rank, (_, left) in enumerate(times) if left < last]
+    slow = {rank: left - last for rank, (_, left) in enumerate(times) if left - last > SOON_S}
+    held = (f"rank {late} arrived {lateness:g} s after the others (on purpose, a random time)"
+            if len(times) > 1 else "the one rank arrived")
+    if early:
+        at_once = all(times[k][1] - times[k][0] < 0.05 for k in early)
+        again = (" They did not wait at all, and only from the second barrier on: does each "
+                 "barrier use keys of its own (put name in them)?") if r and at_once else ""
+        return (f"{held}, and rank(s) {early} left before it arrived. A barrier must hold "
+                "every rank until the last one is in, however late that is: a fixed wait "
+                "cannot know." + again)
+    if slow:
+        waits = ", ".join(f"rank {k} {s:.2f} s" for k, s in slow.items())
+        return (f"{held}; every rank waited for it, but some left long after it arrived "
+                f"({waits}; a barrier lets everybody go within {SOON_S} s). Waiting a fixed "
+                "time is not synchronizing: block on something the last arrival does.")
+    return None
 
 
 # -- 01.rank_ordered_print -------------------------------------------------------------------
@@ -116,57 +133,81 @@ def print_in_rank_order(line: str) -> None:
         dist.barrier()
 
 
-SYNC_CALLS = ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object",
-              "broadcast_object_list", "gather_object", "send", "recv", "isend", "irecv")
+class SlowTicketedStdout(StampedStdout):
+    """An output stream whose every line takes ``delay`` seconds to come out, then a ticket
+    from the store (the order lines came out in, over all ranks). Notes, per line, when the
+    rank began writing it and when it came out."""
+
+    def __init__(self, target, store, delay: float):
+        super().__init__(target)
+        self.store, self.delay, self.began = store, delay, None
+
+    def write(self, text: str) -> int:
+        if self.began is None and text:
+            self.began = time.time()
+        *complete, self.partial = (self.partial + text).split("\n")
+        for line in complete:
+            time.sleep(self.delay)
+            ticket = self.store.add("tickets", 1)
+            self.target.write(line + "\n")
+            self.lines.append((ticket, self.began, time.time(), line))
+            self.began = time.time() if self.partial else None
+        return len(text)
 
 
-def _print_trial(fn, seed: int) -> list:
+def _print_trial(fn, seed: int, slow_rank: int, lateness: float):
     rank, world = dist.get_rank(), dist.get_world_size()
-    store = _store(f"ex01p/{seed}")
-    printed = []
-
-    def busy() -> None:  # this rank printed or entered a collective: the next may start
-        store.set(f"busy/{rank}", "1")
-
-    def ticketed_print(*args, **kwargs):
-        printed.append((store.add("tickets", 1), " ".join(map(str, args))))
-        busy()
-        return real_print(*args, **kwargs)
-
-    real_print = builtins.print
-    if rank < world - 1:
-        store.wait([f"busy/{rank + 1}"])  # ranks start in reverse order
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_no_sleep())
-        stack.enter_context(replaced(builtins, "print", ticketed_print))
-        for name in SYNC_CALLS:
-            stack.enter_context(replaced(dist, name, _announcing(getattr(dist, name), busy)))
+    store = _store(f"ex01p/{seed}/{world}")
+    delay = lateness if rank == slow_rank else 0.0
+    out, err = (SlowTicketedStdout(s, store, delay) for s in (sys.stdout, sys.stderr))
+    dist.barrier()
+    started = time.time()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         fn(f"rank {rank} says {seed % 1000 + rank}")
-    return printed
-
-
-def _announcing(original, announce):
-    def call(*args, **kwargs):
-        announce()
-        return original(*args, **kwargs)
-    return call
+    return started, out.lines + err.lines
 
 
 def check_rank_ordered_print(fn) -> str:
     seed = new_seed()
+    plan = lateness_plan(seed, [(n,) for n in WORLD_SIZES if n > 1])
     for n in WORLD_SIZES:
-        printed = run_ranks(_print_trial, n, (fn, seed), where=on(n, seed),
+        slow = (_pick(seed, n - 1, 9), plan[(n,)]) if n > 1 else (-1, 0.0)
+        results = run_ranks(_print_trial, n, (fn, seed, *slow), where=on(n, seed),
                             hang_hint="Does every rank make the same collective calls, "
                             "the same number of times?")
         expected = [f"rank {r} says {seed % 1000 + r}" for r in range(n)]
-        lines = [line for _, line in sorted(t for per_rank in printed for t in per_rank)]
-        if lines != expected:
-            raise ExerciseFailed(
-                f"{on(n, seed)}, with the ranks starting in reverse order (rank {n - 1} "
-                f"first): the lines came out as {lines}, expected {expected}. Each rank "
-                "must print its line exactly once, and only after every lower rank printed: "
-                "take turns, with a barrier after each turn.")
-    return f"the lines came out in rank order on 1-4 ranks, started in reverse (seed {seed})"
+        problem = _print_problem(results, expected, *slow)
+        if problem:
+            raise ExerciseFailed(f"{on(n, seed)}: {problem}")
+    return (f"the lines came out in rank order, each soon after the one before, with a random "
+            f"rank's print slow by a random time, on 1-4 ranks (seed {seed})")
+
+
+def _print_problem(results: list, expected: list, slow: int, lateness: float) -> str | None:
+    lines = sorted((ticket, began, out, rank, text) for rank, (_, printed) in enumerate(results)
+                   for ticket, began, out, text in printed if text in expected)
+    texts = [text for *_, text in lines]
+    held = (f" Rank {slow}'s print was slow on purpose (its line took {lateness:g} s to come "
+            "out, a random time, as on a busy terminal)." if slow >= 0 else "")
+    if texts != expected:
+        return (f"the lines came out as {texts}, expected {expected}.{held} Each rank must "
+                "print its line exactly once, and only once every lower rank's line is out: "
+                "make each rank wait for the one before it; a fixed wait cannot know how long "
+                "a print takes.")
+    for _, _, _, rank, text in lines:
+        if text != expected[rank]:
+            return (f"rank {rank} printed {text!r}: every rank prints its own line (it "
+                    "is handed to each rank), none prints the others'.")
+    previous_out = float("-inf")
+    for r, (_, began, out, _, _) in enumerate(lines):
+        waited = began - max(results[r][0], previous_out)
+        if waited > SOON_S:
+            return (f"rank {r} began its line {waited:.2f} s after it could have (after "
+                    f"rank {r - 1}'s line came out, or after it started).{held} The order was "
+                    f"right, but a rank should go on within {SOON_S} s: waiting a fixed time "
+                    "is not synchronizing; block on something the rank before you does.")
+        previous_out = out
+    return None
 
 
 EXERCISES = (
@@ -174,8 +215,13 @@ EXERCISES = (
         name="01.store_barrier",
         notebook="01_processes_ranks_and_stores",
         summary="my_barrier(store, world_size, name): a reusable barrier from store calls",
-        hint="store.add(f'{name}/count', 1) returns the count after your increment: the rank "
-             "that sees world_size sets a key; everybody store.wait()s for that key.",
+        hint="the store can count (store.add returns the count after your increment) and can "
+             "make a rank block until a key exists (store.wait). Who knows that everybody "
+             "has arrived, and how can they tell the others? Keys that contain name keep one "
+             "barrier apart from the next.",
+        recipe="count = store.add(f'{name}/count', 1); the rank whose count == world_size is "
+               "the last to arrive: it does store.set(f'{name}/go', '1'); then every rank "
+               "(that one too) calls store.wait([f'{name}/go']) and returns.",
         solution=store_barrier,
         checker=check_store_barrier,
     ),
@@ -183,8 +229,12 @@ EXERCISES = (
         name="01.rank_ordered_print",
         notebook="01_processes_ranks_and_stores",
         summary="print_in_rank_order(line): every rank prints its line, rank 0 first",
-        hint="loop over turn in range(world_size): the rank whose turn it is prints (flush), "
-             "then every rank calls dist.barrier().",
+        hint="let the ranks take turns: rank r may print only once rank r-1's line is out, "
+             "and nothing but waiting on the others can tell when that is (a fixed wait "
+             "cannot). Every rank must make the same collective calls.",
+        recipe="for turn in range(world_size): if turn == rank, print(line, flush=True); then, "
+               "on every rank, dist.barrier() -- the barrier ends turn r only once rank r "
+               "has printed.",
         solution=print_in_rank_order,
         checker=check_rank_ordered_print,
     ),

@@ -1,8 +1,14 @@
 """Notebook 02's exercises: data moved with point-to-point calls only.
 
-Every collective is switched off while the learner's function runs; the tensors are random
-(shape, dtype and values from the check's seed), and the answer is compared with torch's own
-``dist.all_gather`` on the same tensors, run right after.
+Every collective is switched off at the dispatcher while the learner's function runs (in
+every form: imported names, process-group methods, functional collectives); each send and
+recv is announced before it runs (:mod:`.p2p_pairs`), so a pair whose buffers differ in size
+or dtype is named as such, even when gloo aborts the process. The tensors are random: a
+shape from the check's seed, int64 on some world sizes and float32 on the others (every
+check has both, so a buffer made with the default dtype fails every time), with values an
+int16 or a float16 cannot carry. The answer is compared with torch's own ``dist.all_gather``
+on the same tensors, run right after; the bytes each rank sends are counted (the cost: an
+all-gather sends each rank's tensor N - 1 times, a shift once).
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
-from ddp_lab.exercises.driver import (WORLD_SIZES, describe, new_seed, random_tensor, run_ranks,
+from ddp_lab.course.ch02_point_to_point.p2p_pairs import AnnouncedP2P, explain, mismatch
+from ddp_lab.exercises.builtins_off import COLLECTIVES, families
+from ddp_lab.exercises.driver import (WORLD_SIZES, describe, generator, new_seed, run_ranks,
                                      tensor_problem)
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
@@ -19,12 +26,36 @@ from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 P2P_ONLY = "use only send/recv, isend/irecv or batch_isend_irecv"
 DEADLOCK_HINT = ("If every rank first does a blocking send, they all wait for a recv nobody "
                  "posted (section 4): post isend and irecv together, then wait on both.")
+DTYPES = (torch.int64, torch.float32)
+
+
+def p2p_input(seed: int, rank: int, world: int) -> torch.Tensor:
+    """This rank's tensor: a shape the seed decides (the same on every rank), the dtype the
+    world size picks (both dtypes in every check), values that need all their bits."""
+    same = generator(seed)
+    dims = int(torch.randint(1, 4, (1,), generator=same))
+    shape = tuple(int(s) for s in torch.randint(1, 6, (dims,), generator=same))
+    if DTYPES[(seed + world) % 2] == torch.int64:
+        return torch.randint(-2 ** 40, 2 ** 40, shape, generator=generator(seed, rank))
+    return torch.randn(shape, generator=generator(seed, rank)) * 1000
 
 
 def _gathered_by_torch(mine: torch.Tensor) -> list[torch.Tensor]:
     expected = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(expected, mine)
     return expected
+
+
+def _run_p2p(fn, *args):
+    """fn(*args) with the collectives off, every send and recv announced and counted:
+    (what it returned, [(kind, peer, shape, dtype)...], bytes it sent)."""
+    with AnnouncedP2P(forbid=families(COLLECTIVES), why=P2P_ONLY) as trace:
+        got = fn(*args)
+    return got, trace.announced, sum(call.nbytes for call in trace.of("send"))
+
+
+def _pair_problem(values: list, index: int = 1) -> str | None:
+    return mismatch([v[index] for v in values])
 
 
 # -- 02.all_gather --------------------------------------------------------------------------
@@ -44,22 +75,25 @@ def ring_all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _all_gather_trial(fn, seed: int):
-    mine = random_tensor(seed, dist.get_rank())
-    with switched_off(COLLECTIVES, P2P_ONLY):
-        got = fn(mine.clone())
-    return got, _gathered_by_torch(mine)
+    mine = p2p_input(seed, dist.get_rank(), dist.get_world_size())
+    got, announced, sent = _run_p2p(fn, mine.clone())
+    return got, announced, sent, _gathered_by_torch(mine)
 
 
 def check_all_gather(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         values = run_ranks(_all_gather_trial, n, (fn, seed), where=on(n, seed),
-                           hang_hint=DEADLOCK_HINT)
-        for rank, (got, expected) in enumerate(values):
-            problem = _list_problem(got, expected)
+                           hang_hint=DEADLOCK_HINT, explain=explain)
+        problem = _pair_problem(values)
+        if problem:
+            raise ExerciseFailed(f"{on(n, seed)}: {problem}")
+        for rank, (got, _, sent, expected) in enumerate(values):
+            problem = _list_problem(got, expected) or _gather_cost(sent, expected[0], n)
             if problem:
                 raise ExerciseFailed(f"{on(n, seed)}, rank {rank}: {problem}")
-    return f"the same lists as dist.all_gather on 1-4 ranks (seed {seed})"
+    return (f"the same lists as dist.all_gather, each rank sending N - 1 tensors' worth, on "
+            f"1-4 ranks, int64 and float32 (seed {seed})")
 
 
 def _list_problem(got, expected: list) -> str | None:
@@ -71,6 +105,16 @@ def _list_problem(got, expected: list) -> str | None:
         if problem:
             return f"item [{j}] should be rank {j}'s tensor: {problem}"
     return None
+
+
+def _gather_cost(sent: int, tensor: torch.Tensor, n: int) -> str | None:
+    one = tensor.numel() * tensor.element_size()
+    if sent <= (n - 1) * one:
+        return None
+    return (f"it sent {sent} bytes, {sent / one:g} times its tensor of {one} bytes: an "
+            f"all-gather needs each rank to send at most N - 1 = {n - 1} tensors' worth (a "
+            "ring passes each tensor on once; a direct exchange sends your own to each other "
+            "rank once). Routing everything through one rank makes it send N (N - 1).")
 
 
 # -- 02.shift ---------------------------------------------------------------------------------
@@ -87,27 +131,50 @@ def shift(tensor: torch.Tensor, k: int) -> torch.Tensor:
     return received
 
 
-def _shift_trial(fn, seed: int, k: int):
-    mine = random_tensor(seed, dist.get_rank())
-    with switched_off(COLLECTIVES, P2P_ONLY):
-        got = fn(mine.clone(), k)
-    return got, _gathered_by_torch(mine)
+def shifts(seed: int, n: int) -> list[int]:
+    """k below n, the same k plus a multiple of n (modulo matters), and a multiple of n."""
+    draw = torch.randint(1, 1000, (3,), generator=generator(seed, n, 11)).tolist()
+    small = 1 + draw[0] % max(1, n - 1)
+    return [small, small + n * (1 + draw[1] % 2), n * (draw[2] % 3)]
+
+
+def _shift_trial(fn, seed: int, ks: list):
+    mine = p2p_input(seed, dist.get_rank(), dist.get_world_size())
+    everybody = _gathered_by_torch(mine)
+    return [(k, *_run_p2p(fn, mine.clone(), k), everybody) for k in ks]
 
 
 def check_shift(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
-        k = 1 + seed % 3
-        values = run_ranks(_shift_trial, n, (fn, seed, k), where=on(n, seed),
-                           hang_hint=DEADLOCK_HINT)
-        for rank, (got, everybody) in enumerate(values):
-            source = (rank - k) % n
-            problem = tensor_problem(got, everybody[source])
+        ks = shifts(seed, n)
+        values = run_ranks(_shift_trial, n, (fn, seed, ks), where=on(n, seed),
+                           hang_hint=DEADLOCK_HINT, explain=explain)
+        for i, k in enumerate(ks):
+            per_rank = [v[i] for v in values]
+            problem = _pair_problem(per_rank, index=2)
             if problem:
-                raise ExerciseFailed(
-                    f"{on(n, seed)}, k={k}: rank {rank} should return rank {source}'s tensor "
-                    f"(rank - k, modulo {n}): {problem}")
-    return f"every rank got the tensor from k places to its left on 1-4 ranks (seed {seed})"
+                raise ExerciseFailed(f"{on(n, seed)}, k={k}: {problem}")
+            for rank, (_, got, _, sent, everybody) in enumerate(per_rank):
+                problem = _shift_problem(got, sent, everybody, rank, k, n)
+                if problem:
+                    raise ExerciseFailed(f"{on(n, seed)}, k={k}: {problem}")
+    return (f"every rank got the tensor from k places to its left (k below, above and a "
+            f"multiple of N), with one send at most, on 1-4 ranks (seed {seed})")
+
+
+def _shift_problem(got, sent: int, everybody: list, rank: int, k: int, n: int) -> str | None:
+    source = (rank - k) % n
+    problem = tensor_problem(got, everybody[source])
+    if problem:
+        return (f"rank {rank} should return rank {source}'s tensor (rank - k, modulo {n}): "
+                f"{problem}")
+    one = everybody[0].numel() * everybody[0].element_size()
+    if sent > one:
+        return (f"rank {rank} sent {sent} bytes, {sent / one:g} times its tensor: a shift "
+                "moves each tensor once, one send per rank (and none when k is a multiple "
+                "of the world size).")
+    return None
 
 
 EXERCISES = (
@@ -115,8 +182,15 @@ EXERCISES = (
         name="02.all_gather",
         notebook="02_point_to_point",
         summary="my_all_gather(tensor): every rank's tensor, in rank order, from send/recv",
-        hint="a ring: N - 1 steps; each step isend to the right what you got in the step "
-             "before (your own first), irecv from the left, wait on both.",
+        hint="every rank must end up with every tensor, and each tensor need travel over "
+             "each link once: pass tensors around a ring, or send yours straight to each "
+             "other rank. Receive into buffers like the tensor sent, and remember section 4 "
+             "(who waits for whom).",
+        recipe="gathered = [torch.empty_like(tensor) for each rank], gathered[rank] = a copy "
+               "of yours. Ring: for step in range(world_size - 1): isend gathered[(rank - "
+               "step) % world_size] to (rank + 1) % world_size and irecv into gathered[(rank "
+               "- step - 1) % world_size] from (rank - 1) % world_size, then wait() on both. "
+               "Return gathered.",
         solution=ring_all_gather,
         checker=check_all_gather,
     ),
@@ -124,8 +198,13 @@ EXERCISES = (
         name="02.shift",
         notebook="02_point_to_point",
         summary="my_shift(tensor, k): the tensor of the rank k places to the left",
-        hint="isend to (rank + k) % world_size and irecv from (rank - k) % world_size, then "
-             "wait on both; with k a multiple of world_size, return a copy of your own.",
+        hint="your tensor goes k places to the right, and the one you keep comes from k "
+             "places to the left (ranks wrap around: modulo the world size). Post both "
+             "before waiting on either; a k that brings a tensor back home moves nothing.",
+        recipe="if k % world_size == 0: return tensor.clone(). Else received = "
+               "torch.empty_like(tensor); post dist.isend(tensor, (rank + k) % world_size) "
+               "and dist.irecv(received, (rank - k) % world_size), wait() on both, return "
+               "received.",
         solution=shift,
         checker=check_shift,
     ),
