@@ -65,11 +65,10 @@ def test_per_task_run_joins_ranks_through_env_alone():
 
 
 def test_nproc_per_node_auto_counts_cpus_and_gpu_needs_cuda():
-    auto = launch_modes.nproc_per_node("auto")
+    auto, gpu = launch_modes.nproc_per_node("auto", "gpu")
     workers = [line for line in auto.lines() if line.strip().isdigit()]
     expected = (torch.accelerator.device_count() if torch.accelerator.is_available()
                 else torch._utils.cpu_count())
     assert auto.returncode == 0 and workers == [str(expected)] * expected
     if not torch.cuda.is_available():
-        gpu = launch_modes.nproc_per_node("gpu")
         assert gpu.returncode != 0 and "ValueError: Cuda is not available." in gpu.output

@@ -74,16 +74,16 @@ def log_files(log_dir: str) -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
-def nproc_per_node(value: str, timeout: float = 60.0) -> TorchrunResult:
-    """``torchrun --standalone --nproc-per-node=VALUE --no-python printenv LOCAL_WORLD_SIZE``:
-    how many workers a named value gives on this machine (``printenv`` workers cost nothing,
-    however many CPUs ``auto`` counts)."""
-    agent = Agent(ThisMachine(), ("--standalone", f"--nproc-per-node={value}", "--no-python",
-                                  "printenv", "LOCAL_WORLD_SIZE"))
-    result = run_agents([agent], timeout=timeout, echo=False)  # logs: a private folder
-    output = "".join(f"{line}\n" for line in result.outputs[0])
-    return TorchrunResult(tuple(agent.argv()), result.returncodes[0], output, result.seconds,
-                          result.stopped)
+def nproc_per_node(*values: str, timeout: float = 60.0) -> list[TorchrunResult]:
+    """``torchrun --standalone --nproc-per-node=VALUE --no-python printenv LOCAL_WORLD_SIZE``
+    for each value, all at once: how many workers a named value gives on this machine
+    (``printenv`` workers cost nothing, however many CPUs ``auto`` counts)."""
+    agents = [Agent(ThisMachine(), ("--standalone", f"--nproc-per-node={value}", "--no-python",
+                                    "printenv", "LOCAL_WORLD_SIZE")) for value in values]
+    result = run_agents(agents, timeout=timeout, echo=False)  # logs: a private folder
+    return [TorchrunResult(tuple(agent.argv()), code, "".join(f"{line}\n" for line in lines),
+                           result.seconds, result.stopped)
+            for agent, code, lines in zip(agents, result.returncodes, result.outputs)]
 
 
 def no_python(timeout: float = 60.0) -> TorchrunResult:
