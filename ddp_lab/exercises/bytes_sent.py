@@ -1,41 +1,53 @@
-"""What the learner's code sent, counted on each rank: bytes and messages through
-``send``/``isend``/``recv``/``irecv`` and ``batch_isend_irecv``, and from them how many
-rounds an algorithm took.
+"""What the learner's code sent, counted on each rank: bytes and messages of every
+point-to-point call, and from them how many rounds an algorithm took.
 
-Why wrap ``isend``/``irecv`` only: in torch's ``distributed_c10d`` the blocking ``send`` and
-``recv`` call the module's own ``isend``/``irecv`` and wait, and ``batch_isend_irecv`` calls
-the ``op`` of each ``P2POp`` (``dist.isend`` or ``dist.irecv``, checked by identity against
-the module's names), so one stand-in per name, set on both ``torch.distributed`` and
-``distributed_c10d``, sees every point-to-point message exactly once.
+Recorded by :class:`~ddp_lab.course.collective_trace.CollectiveTrace`, at the dispatcher:
+``dist.send``/``isend``/``recv``/``irecv``, the same names imported, ``batch_isend_irecv``
+and the process group's own ``send``/``recv`` methods all reach the ``c10d::send`` and
+``c10d::recv_`` ops (torch/csrc/distributed/c10d/ProcessGroup.hpp), so each message is seen
+exactly once whichever way the learner wrote it. The same mode refuses the collectives an
+exercise switches off (``forbid``), before they run.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
-import torch.distributed as dist
-from torch.distributed import distributed_c10d
+import torch
 
-from ddp_lab.exercises.builtins_off import replaced
+from ddp_lab.course.collective_trace import CollectiveTrace
 
 
 @dataclass(frozen=True)
 class Message:
     """One point-to-point call on this rank, in call order: ``kind`` is "send" or "recv",
-    ``peer`` the other side's global rank (None: from any source)."""
+    ``peer`` the other side's global rank (None: from any source), ``nbytes`` the bytes of
+    the tensor as sent, ``dtype`` its dtype."""
 
     kind: str
     peer: int | None
     nbytes: int
+    dtype: torch.dtype | None = None
+
+    @property
+    def numel(self) -> int:
+        size = torch.empty((), dtype=self.dtype).element_size() if self.dtype else 1
+        return self.nbytes // size
 
 
-@dataclass
 class P2PLog:
-    """Every point-to-point call of one rank while recording."""
+    """Every point-to-point call of one rank while recording (read it inside or after the
+    block; :attr:`messages` is plain data, to return from a rank)."""
 
-    messages: list[Message] = field(default_factory=list)
+    def __init__(self, trace: CollectiveTrace):
+        self.trace = trace
+
+    @property
+    def messages(self) -> list[Message]:
+        return [Message(call.family, call.peer, call.nbytes, call.dtype)
+                for call in self.trace.of("send", "recv")]
 
     @property
     def bytes_sent(self) -> int:
@@ -47,36 +59,11 @@ class P2PLog:
 
 
 @contextlib.contextmanager
-def recording_p2p() -> Iterator[P2PLog]:
-    """Inside the block every isend/irecv (and so send/recv/batch_isend_irecv) of this rank
-    is logged, then done as usual."""
-    log = P2PLog()
-    isend = _logged(distributed_c10d.isend, "send", "dst", "group_dst", log)
-    irecv = _logged(distributed_c10d.irecv, "recv", "src", "group_src", log)
-    with contextlib.ExitStack() as stack:
-        for module in (dist, distributed_c10d):
-            stack.enter_context(replaced(module, "isend", isend))
-            stack.enter_context(replaced(module, "irecv", irecv))
-        yield log
-
-
-def _logged(original, kind: str, peer_name: str, group_peer_name: str, log: P2PLog):
-    def call(tensor, *args, **kwargs):
-        log.messages.append(Message(kind, _global_peer(args, kwargs, peer_name,
-                                                       group_peer_name),
-                                    tensor.numel() * tensor.element_size()))
-        return original(tensor, *args, **kwargs)
-    call.__name__ = original.__name__
-    return call
-
-
-def _global_peer(args, kwargs, peer_name: str, group_peer_name: str) -> int | None:
-    peer = args[0] if args else kwargs.get(peer_name)
-    group = args[1] if len(args) > 1 else kwargs.get("group")
-    group_peer = args[3] if len(args) > 3 else kwargs.get(group_peer_name)
-    if peer is None and group_peer is not None:
-        return dist.get_global_rank(group or dist.group.WORLD, group_peer)
-    return peer
+def recording_p2p(forbid=(), why: str = "") -> Iterator[P2PLog]:
+    """Inside the block every send and recv of this rank is logged, then done as usual;
+    the collective families in ``forbid`` refuse with ``why``."""
+    with CollectiveTrace(forbid=forbid, why=why) as trace:
+        yield P2PLog(trace)
 
 
 def rounds(logs: list[list[Message]]) -> int:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from torch.distributed import all_reduce, broadcast, irecv, isend, recv, reduce_scatter_tensor, send
+from torch.distributed.distributed_c10d import _get_default_group
 
 from ddp_lab.course.ch04_allreduce import exercises as ch04
 
@@ -73,7 +76,179 @@ def tree_rooted_at_zero(tensor, src):
     return ch04.tree_broadcast(tensor, 0)
 
 
+# -- 04: the switched-off built-ins in every form -------------------------------------------
+def imported_reduce_scatter(tensor):
+    out = torch.empty_like(tensor.chunk(dist.get_world_size())[0])
+    reduce_scatter_tensor(out, tensor)
+    return out
+
+
+def imported_all_reduce(tensor):
+    total = tensor.clone()
+    all_reduce(total)
+    return total.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+def process_group_allreduce(tensor):
+    total = tensor.clone()
+    _get_default_group().allreduce([total]).wait()
+    return total.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+def functional_all_reduce(tensor):
+    total = fc.wait_tensor(fc.all_reduce(tensor, "sum", dist.group.WORLD))
+    return total.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+def c10d_module_all_reduce(tensor):
+    total = tensor.clone()
+    dist.distributed_c10d.all_reduce(total)
+    return total.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+# -- 04: cost cheats ---------------------------------------------------------------------------
+def _whole_tensor_exchange(tensor, outgoing, post):
+    """Every rank swaps a whole tensor with every other, in a deadlock-free order."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = tensor.clone()
+    for peer in range(world):
+        if peer != rank:
+            incoming = torch.empty_like(outgoing)
+            post(outgoing, incoming, peer)
+            total += incoming.to(tensor.dtype)
+    return total.chunk(world)[rank]
+
+
+def blocking_whole_tensor(tensor):
+    """The whole tensor with blocking send/recv (the old counter saw only isend: 0 bytes)."""
+    def post(outgoing, incoming, peer):
+        if dist.get_rank() < peer:
+            send(outgoing, peer)
+            recv(incoming, peer)
+        else:
+            recv(incoming, peer)
+            send(outgoing, peer)
+    return _whole_tensor_exchange(tensor, tensor, post)
+
+
+def process_group_send_whole(tensor):
+    def post(outgoing, incoming, peer):
+        group = _get_default_group()
+        for work in (group.send([outgoing], peer, 0), group.recv([incoming], peer, 0)):
+            work.wait()
+    return _whole_tensor_exchange(tensor, tensor, post)
+
+
+def downcast_whole_tensor(tensor):
+    """The whole tensor to everyone, as int16 to look a quarter the size."""
+    def post(outgoing, incoming, peer):
+        for request in (isend(outgoing, peer), irecv(incoming, peer)):
+            request.wait()
+    return _whole_tensor_exchange(tensor, tensor.to(torch.int16), post)
+
+
+def downcast_ring(tensor):
+    """The ring, on int16 chunks: a quarter of the bytes, and most of the values lost."""
+    return ch04.ring_reduce_scatter(tensor.to(torch.int16)).to(tensor.dtype)
+
+
+def process_group_broadcast(tensor, src):
+    data, options = tensor.clone(), dist.BroadcastOptions()
+    options.rootRank = src
+    _get_default_group().broadcast([data], options).wait()
+    return data
+
+
+def imported_broadcast(tensor, src):
+    data = tensor.clone()
+    broadcast(data, src)
+    return data
+
+
+def functional_broadcast(tensor, src):
+    return fc.wait_tensor(fc.broadcast(tensor, src, dist.group.WORLD))
+
+
+def root_isends_to_all(tensor, src):
+    rank, data = dist.get_rank(), tensor.clone()
+    if rank == src:
+        for request in [isend(data, p) for p in range(dist.get_world_size()) if p != src]:
+            request.wait()
+    else:
+        irecv(data, src).wait()
+    return data
+
+
+# -- 04: right but different -------------------------------------------------------------------
+def ring_with_blocking_calls(tensor):
+    """The ring's first phase with blocking send/recv, even ranks sending first."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 1):
+        outgoing, into = chunks[(rank - step - 1) % world], chunks[(rank - step - 2) % world]
+        incoming = torch.empty_like(into)
+        if rank % 2 == 0:
+            send(outgoing, (rank + 1) % world)
+            recv(incoming, (rank - 1) % world)
+        else:
+            recv(incoming, (rank - 1) % world)
+            send(outgoing, (rank + 1) % world)
+        into += incoming
+    return chunks[rank]
+
+
+def ring_batched(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 1):
+        into = chunks[(rank - step - 2) % world]
+        incoming = torch.empty_like(into)
+        ops = [dist.P2POp(isend, chunks[(rank - step - 1) % world], (rank + 1) % world),
+               dist.P2POp(irecv, incoming, (rank - 1) % world)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        into += incoming
+    return chunks[rank]
+
+
+def tree_top_down(tensor, src):
+    """The other binomial tree: the largest distance first (MPICH's broadcast)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    relative, data = (rank - src) % world, tensor.clone()
+    mask = 1
+    while mask < world:
+        mask *= 2
+    mask //= 2
+    while mask:
+        if relative % (2 * mask) == 0 and relative + mask < world:
+            send(data, (relative + mask + src) % world)
+        elif relative % (2 * mask) == mask:
+            recv(data, (relative - mask + src) % world)
+        mask //= 2
+    return data
+
+
+RIGHT = [
+    ("04.reduce_scatter", ring_with_blocking_calls),
+    ("04.reduce_scatter", ring_batched),
+    ("04.tree_broadcast", tree_top_down),
+]
+
+
 MUTANTS = [
+    ("04.reduce_scatter", imported_reduce_scatter, "dist.reduce_scatter is switched off"),
+    ("04.reduce_scatter", imported_all_reduce, "dist.all_reduce is switched off"),
+    ("04.reduce_scatter", process_group_allreduce, "dist.all_reduce is switched off"),
+    ("04.reduce_scatter", functional_all_reduce, "dist.all_reduce is switched off"),
+    ("04.reduce_scatter", c10d_module_all_reduce, "dist.all_reduce is switched off"),
+    ("04.reduce_scatter", blocking_whole_tensor, "the ring sends"),
+    ("04.reduce_scatter", process_group_send_whole, "the ring sends"),
+    ("04.reduce_scatter", downcast_whole_tensor, "(?s)summed over all ranks.*narrower dtype"),
+    ("04.reduce_scatter", downcast_ring, "summed over all ranks"),
+    ("04.tree_broadcast", process_group_broadcast, "dist.broadcast is switched off"),
+    ("04.tree_broadcast", imported_broadcast, "dist.broadcast is switched off"),
+    ("04.tree_broadcast", functional_broadcast, "dist.broadcast is switched off"),
+    ("04.tree_broadcast", root_isends_to_all, r"took 3 rounds"),
     ("04.reduce_scatter", whole_tensor_to_everyone, "the ring sends"),
     ("04.reduce_scatter", builtin_reduce, "dist.all_reduce is switched off"),
     ("04.reduce_scatter", ring_wrong_chunk, "summed over all ranks"),

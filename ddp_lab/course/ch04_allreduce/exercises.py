@@ -2,10 +2,14 @@
 cost counted.
 
 While the learner's function runs, every collective is switched off and every
-point-to-point message is logged (``bytes_sent``): the reduce-scatter must send no more
-bytes than the ring's first phase, (N - 1) / N of the tensor per rank; the broadcast must
-finish in ceil(log2 N) rounds, a round being one message per rank. The inputs are random
-(a fresh seed per check) and the answers are compared with torch's all_reduce/broadcast.
+point-to-point message is logged (``bytes_sent``), both at the dispatcher, so an imported
+name, ``distributed_c10d.X``, a process-group method or a functional collective is refused
+or counted like ``dist.X``. The reduce-scatter must send no more than the ring's first
+phase, (N - 1) / N of the tensor per rank, counted in the input's dtype (a downcast halves
+no cost: the values use the whole int64 range, so a narrower dtype also loses them); the
+broadcast must finish in ceil(log2 N) rounds, a round being one message per rank. The
+inputs are random (a fresh seed per check) and the answers are compared with torch's
+all_reduce/broadcast.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
+from ddp_lab.course.collective_trace import COLLECTIVE_FAMILIES
 from ddp_lab.exercises.bytes_sent import recording_p2p, rounds
 from ddp_lab.exercises.driver import (WORLD_SIZES, generator, new_seed, random_tensor,
                                      run_ranks, tensor_problem)
@@ -45,15 +49,19 @@ def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
     return chunks[rank]
 
 
+# Values over the whole int64 range (their sums too, on 4 ranks): a downcast loses them.
+BIG = 2 ** 60
+
+
 def _reduce_scatter_trial(fn, seed: int):
     rank, world = dist.get_rank(), dist.get_world_size()
     chunk = 1 + seed % 5
-    tensor = torch.randint(-1000, 1000, (chunk * world,), generator=generator(seed, rank))
-    with switched_off(COLLECTIVES, P2P_ONLY), recording_p2p() as log:
+    tensor = torch.randint(-BIG, BIG, (chunk * world,), generator=generator(seed, rank))
+    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY) as log:
         got = fn(tensor.clone())
     total = tensor.clone()
     dist.all_reduce(total)
-    return got, total.chunk(world)[rank].clone(), log.bytes_sent, tensor.numel() * 8
+    return got, total.chunk(world)[rank].clone(), log.messages
 
 
 def check_reduce_scatter(fn) -> str:
@@ -61,18 +69,38 @@ def check_reduce_scatter(fn) -> str:
     for n in WORLD_SIZES:
         values = run_ranks(_reduce_scatter_trial, n, (fn, seed), where=on(n, seed),
                            hang_hint=DEADLOCK_HINT)
-        for rank, (got, expected, sent, nbytes) in enumerate(values):
+        for rank, (got, expected, messages) in enumerate(values):
             problem = tensor_problem(got, expected)
             if problem:
                 raise ExerciseFailed(f"{on(n, seed)}, rank {rank} should return chunk {rank} "
-                                     f"summed over all ranks: {problem}")
-            ring = nbytes * (n - 1) // n
-            if sent > ring:
-                raise ExerciseFailed(
-                    f"{on(n, seed)}, rank {rank} sent {sent} bytes for a {nbytes}-byte "
-                    f"tensor; the ring sends (N - 1) / N of it, {ring} bytes. Send one chunk "
-                    "per step (a partial sum), never the whole tensor.")
+                                     f"summed over all ranks: {problem}"
+                                     f"{_narrowed(messages, expected.dtype)}")
+            _check_bytes(f"{on(n, seed)}, rank {rank}", messages, expected, n)
     return f"right sums, and no more bytes than the ring, on 1-4 ranks (seed {seed})"
+
+
+def _check_bytes(where: str, messages: list, chunk: torch.Tensor, n: int) -> None:
+    """At most (N - 1) chunks sent, counted in the input's dtype (int64): what the ring's
+    first phase sends."""
+    itemsize = chunk.element_size()
+    sent = sum(m.numel for m in messages if m.kind == "send") * itemsize
+    ring = (n - 1) * chunk.numel() * itemsize
+    if sent > ring:
+        raise ExerciseFailed(
+            f"{where} sent {sent} bytes (counted as {chunk.dtype}, the input's dtype) for a "
+            f"{n * chunk.numel() * itemsize}-byte tensor; the ring sends (N - 1) / N of it, "
+            f"{ring} bytes. Send one chunk per step (a partial sum), never the whole "
+            f"tensor.{_narrowed(messages, chunk.dtype)}")
+
+
+def _narrowed(messages: list, dtype: torch.dtype) -> str:
+    """A word on sends in another dtype than the input's, if there were any."""
+    other = sorted({str(m.dtype) for m in messages if m.kind == "send" and m.dtype != dtype})
+    if not other:
+        return ""
+    return (f" (You sent {', '.join(other)} for a {dtype} tensor: a narrower dtype loses "
+            "these values, which use the whole int64 range, and bytes are counted in the "
+            "input's dtype anyway.)")
 
 
 # -- 04.tree_broadcast ----------------------------------------------------------------------
@@ -97,7 +125,7 @@ def _broadcast_trial(fn, seed: int, src: int):
     rank = dist.get_rank()
     mine = random_tensor(seed, rank) if rank == src else torch.zeros_like(
         random_tensor(seed, rank))
-    with switched_off(COLLECTIVES, P2P_ONLY), recording_p2p() as log:
+    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY) as log:
         got = fn(mine.clone(), src)
     expected = mine.clone()
     dist.broadcast(expected, src)
@@ -140,8 +168,17 @@ EXERCISES = (
         name="04.reduce_scatter",
         notebook="04_allreduce_from_scratch",
         summary="my_reduce_scatter(tensor): chunk r summed over the ranks, with the ring's bytes",
-        hint="the ring's first phase: N - 1 steps; send chunk (rank - step - 1) % N to the "
-             "right, add what comes from the left into chunk (rank - step - 2) % N.",
+        hint="it is the first phase of the ring all-reduce from this notebook: N - 1 steps, "
+             "each rank sending one chunk (a partial sum) to its right neighbour while it "
+             "receives one from its left and adds it in. Shift which chunk goes first so "
+             "that rank r ends up holding chunk r; post the send and the recv together "
+             "(isend/irecv) so that no two ranks wait on each other.",
+        recipe="rank, N = dist.get_rank(), dist.get_world_size(); chunks = [c.clone() for c "
+               "in tensor.chunk(N)]. For step in range(N - 1): send chunks[(rank - step - 1) "
+               "% N] to (rank + 1) % N and receive into a fresh tensor shaped like chunks["
+               "(rank - step - 2) % N] from (rank - 1) % N, both with isend/irecv, wait on "
+               "both, then add the received tensor into chunks[(rank - step - 2) % N]. "
+               "Return chunks[rank]. Keep the input's dtype: bytes are counted in it.",
         solution=ring_reduce_scatter,
         checker=check_reduce_scatter,
     ),
@@ -149,8 +186,13 @@ EXERCISES = (
         name="04.tree_broadcast",
         notebook="04_allreduce_from_scratch",
         summary="my_broadcast(tensor, src): src's tensor on every rank in ceil(log2 N) rounds",
-        hint="number the ranks from src: relative = (rank - src) % N. For mask = 1, 2, 4, ...: "
-             "relative < mask sends to relative + mask; mask <= relative < 2 * mask receives.",
+        hint="a binomial tree: in each round, every rank that already holds the data sends "
+             "it to one rank that does not, so the number of holders doubles. It is easiest "
+             "with the ranks renumbered so that src is 0.",
+        recipe="relative = (rank - src) % N; data = tensor.clone(); mask = 1. While mask < "
+               "N: if relative < mask and relative + mask < N, dist.send(data, (relative + "
+               "mask + src) % N); elif mask <= relative < 2 * mask, dist.recv(data, "
+               "(relative - mask + src) % N); then mask *= 2. Return data.",
         solution=tree_broadcast,
         checker=check_tree_broadcast,
     ),
