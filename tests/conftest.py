@@ -115,12 +115,14 @@ def pytest_collection_modifyitems(config, items):
     and the browser go first, as one xdist group: one worker runs them one after another
     (about half of the suite's time) while the other runs everything else; two notebooks at
     once on two cores would slow both past what their cells allow."""
+    grouped = config.pluginmanager.hasplugin("xdist")  # its marker exists only with it
     for item in items:
         if is_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("notebooks") or item.get_closest_marker("browser"):
+        if grouped and (item.get_closest_marker("notebooks") or item.get_closest_marker("browser")):
             item.add_marker(pytest.mark.xdist_group("notebooks"))
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    items.sort(key=lambda item: not (item.get_closest_marker("notebooks")
+                                     or item.get_closest_marker("browser")))
 
 
 def pytest_addoption(parser):

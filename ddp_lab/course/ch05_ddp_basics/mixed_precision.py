@@ -1,0 +1,66 @@
+"""Notebook 05, mixed precision under DDP: ``torch.autocast`` for the forward, a
+``GradScaler`` for the loss, and why the ranks' scalers agree without talking to each other.
+
+``GradScaler.unscale_`` looks for inf/NaN in this rank's own ``.grad``
+(``torch._amp_foreach_non_finite_check_and_unscale_``, torch/amp/grad_scaler.py), ``step``
+skips the optimizer when it found one and ``update`` multiplies the scale by
+``backoff_factor`` (0.5). Under DDP those ``.grad`` are the all-reduced average by the time
+``backward()`` returns, so an overflow on one rank is an inf on every rank: every scaler skips
+the same step and backs off the same way, and the replicas stay equal. Without DDP's
+all-reduce (ranks averaging later, by hand, after ``unscale_``) the scalers could disagree.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_lab.course.models import ToyModel
+from ddp_lab.course.params import flat_params
+
+
+def overflow_on_one_rank(steps: int = 4, bad_step: int = 1, bad_rank: int = 1) -> list[dict]:
+    """Train ToyModel under DDP with bf16 autocast and a GradScaler; at ``bad_step`` one
+    input value on ``bad_rank`` alone is inf. Per step: whether this rank's own batch was
+    finite, whether its gradients were, whether the step was taken, the scale after it."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(ToyModel())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    record = []
+    for step in range(steps):
+        inputs, targets = _batch(rank, step)
+        if step == bad_step and rank == bad_rank:
+            inputs[0, 0] = float("inf")
+        before = flat_params(model).clone()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outputs = model(inputs)
+        loss = F.mse_loss(outputs.float(), targets)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+        scaler.step(optimizer)
+        scaler.update()
+        record.append({"step": step, "own_batch_finite": bool(torch.isfinite(inputs).all()),
+                       "grads_finite": grads_finite,
+                       "stepped": not torch.equal(before, flat_params(model)),
+                       "scale": float(scaler.get_scale()),
+                       "forward_dtype": str(outputs.dtype).replace("torch.", "")})
+    record.append({"params": flat_params(model).clone()})
+    return record
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(20, 10, generator=generator), torch.randn(20, 5, generator=generator)
+
+
+def ranges() -> dict[str, float]:
+    """The largest finite value of each 16-bit format: fp16's 65504 is why fp16 training
+    needs a loss scale; bf16 keeps float32's 8 exponent bits, so its gradients do not
+    overflow where float32's would not, and it runs without a scaler."""
+    return {str(d).replace("torch.", ""): torch.finfo(d).max
+            for d in (torch.float16, torch.bfloat16, torch.float32)}
