@@ -31,9 +31,16 @@ from ddp_lab.launch.config import RUN_DIR_VAR
 def _reset_parameters(model: nn.Module, seed: int) -> None:
     """Each layer's own init (``reset_parameters``) on its shards. On a CPU mesh DTensor has
     no coordinated random generator (``is_rng_supported_mesh`` is False, with a warning), so
-    each rank draws its shard's numbers from its own generator: seeded per rank, or every
-    shard would be a copy of rank 0's (``same_seed_shards_repeat`` shows it)."""
+    each rank draws its shard's numbers from its own generator: seeded per rank (right on a
+    1-D mesh, where every rank holds a different shard), or every shard would be a copy of
+    rank 0's (``same_seed_shards_repeat`` shows it)."""
     torch.manual_seed(seed + dist.get_rank())
+    _quiet_reset(model)
+
+
+def _quiet_reset(model: nn.Module) -> None:
+    """``reset_parameters`` on every module that has one, without DTensor's CPU warning
+    (torch/distributed/tensor/_random.py, ``is_rng_supported_mesh``): the notebook says it."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "DTensor random operators")
         for module in model.modules():
@@ -73,9 +80,7 @@ def same_seed_shards_repeat() -> bool:
     shard_layers(nn.Sequential(layer))
     layer.to_empty(device="cpu")
     torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "DTensor random operators")
-        layer.reset_parameters()
+    _quiet_reset(layer)
     shards = layer.weight.full_tensor().chunk(dist.get_world_size())
     return all(torch.equal(shard, shards[0]) for shard in shards)
 
