@@ -44,6 +44,19 @@ def random_tensor(seed: int, rank: int) -> torch.Tensor:
     return (torch.randn(shape, generator=generator(seed, rank)) * 100).to(dtype)
 
 
+def full_bits_tensor(seed: int, world_size: int, *salt: int) -> torch.Tensor:
+    """A tensor for one trial: a shape the seed decides (the same for every salt), int64 or
+    float32 by the world size (a check over several world sizes meets both, so a buffer made
+    with the default dtype fails every time, not on odd seeds), values that need all their
+    bits (an int16 or a float16 copy changes them). ``salt`` (a rank, a chunk) picks values."""
+    same = generator(seed)
+    dims = int(torch.randint(1, 4, (1,), generator=same))
+    shape = tuple(int(s) for s in torch.randint(1, 6, (dims,), generator=same))
+    if (seed + world_size) % 2 == 0:
+        return torch.randint(-2 ** 40, 2 ** 40, shape, generator=generator(seed, *salt))
+    return torch.randn(shape, generator=generator(seed, *salt)) * 1000
+
+
 def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = "",
               timeout: float = HANG_S, explain=None) -> list:
     """``ddp_lab.run(worker, world_size, args)``'s values, or ExerciseFailed.

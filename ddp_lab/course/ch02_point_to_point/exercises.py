@@ -18,26 +18,14 @@ import torch.distributed as dist
 
 from ddp_lab.course.ch02_point_to_point.p2p_pairs import AnnouncedP2P, explain, mismatch
 from ddp_lab.exercises.builtins_off import COLLECTIVES, families
-from ddp_lab.exercises.driver import (WORLD_SIZES, describe, generator, new_seed, run_ranks,
-                                     tensor_problem)
+from ddp_lab.exercises.driver import (WORLD_SIZES, describe, full_bits_tensor, generator,
+                                     new_seed, run_ranks, tensor_problem)
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 P2P_ONLY = "use only send/recv, isend/irecv or batch_isend_irecv"
 DEADLOCK_HINT = ("If every rank first does a blocking send, they all wait for a recv nobody "
                  "posted (section 4): post isend and irecv together, then wait on both.")
-DTYPES = (torch.int64, torch.float32)
-
-
-def p2p_input(seed: int, rank: int, world: int) -> torch.Tensor:
-    """This rank's tensor: a shape the seed decides (the same on every rank), the dtype the
-    world size picks (both dtypes in every check), values that need all their bits."""
-    same = generator(seed)
-    dims = int(torch.randint(1, 4, (1,), generator=same))
-    shape = tuple(int(s) for s in torch.randint(1, 6, (dims,), generator=same))
-    if DTYPES[(seed + world) % 2] == torch.int64:
-        return torch.randint(-2 ** 40, 2 ** 40, shape, generator=generator(seed, rank))
-    return torch.randn(shape, generator=generator(seed, rank)) * 1000
 
 
 def _gathered_by_torch(mine: torch.Tensor) -> list[torch.Tensor]:
@@ -75,7 +63,7 @@ def ring_all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _all_gather_trial(fn, seed: int):
-    mine = p2p_input(seed, dist.get_rank(), dist.get_world_size())
+    mine = full_bits_tensor(seed, dist.get_world_size(), dist.get_rank())
     got, announced, sent = _run_p2p(fn, mine.clone())
     return got, announced, sent, _gathered_by_torch(mine)
 
@@ -139,7 +127,7 @@ def shifts(seed: int, n: int) -> list[int]:
 
 
 def _shift_trial(fn, seed: int, ks: list):
-    mine = p2p_input(seed, dist.get_rank(), dist.get_world_size())
+    mine = full_bits_tensor(seed, dist.get_world_size(), dist.get_rank())
     everybody = _gathered_by_torch(mine)
     return [(k, *_run_p2p(fn, mine.clone(), k), everybody) for k in ks]
 

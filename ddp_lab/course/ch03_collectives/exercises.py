@@ -1,9 +1,13 @@
 """Notebook 03's exercise: all_to_all built from scatter.
 
-Every other collective is switched off while the learner's function runs, so the answer has
-to come from ``dist.scatter`` (one per source rank); the chunks are random tensors from the
-check's seed, and every rank's result is compared with what torch's own ``all_gather`` of
-everybody's chunks says it should have received.
+Every other collective and the point-to-point calls are switched off at the dispatcher while
+the learner's function runs (every form: imported names, process-group methods, functional
+collectives), and the scatters are counted there too: an all-to-all from scatters is one
+scatter per source rank, each moving one chunk per rank, so a count or a size that differs
+(no scatter at all, the store as a side channel, whole lists scattered) is named. The chunks
+are random, int64 on some world sizes and float32 on the others (both in every check), and
+every rank's result is compared with what torch's own ``all_gather`` of everybody's chunks
+says it should have received.
 """
 
 from __future__ import annotations
@@ -11,13 +15,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
-from ddp_lab.exercises.driver import (WORLD_SIZES, new_seed, random_tensor, run_ranks,
+from ddp_lab.course.collective_trace import FAMILIES, CollectiveTrace
+from ddp_lab.exercises.driver import (WORLD_SIZES, full_bits_tensor, new_seed, run_ranks,
                                      tensor_problem)
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
-NOT_SCATTER = tuple(name for name in COLLECTIVES if name != "scatter")
+ONLY_SCATTER = "build all_to_all from dist.scatter"
 
 
 def all_to_all_by_scatter(chunks: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -34,13 +38,13 @@ def all_to_all_by_scatter(chunks: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def _trial(fn, seed: int):
     rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = [random_tensor(seed, rank * world + j) for j in range(world)]
-    with switched_off(NOT_SCATTER + ("send", "recv", "isend", "irecv", "batch_isend_irecv"),
-                      "build all_to_all from dist.scatter"):
+    chunks = [full_bits_tensor(seed, world, rank, j) for j in range(world)]
+    with CollectiveTrace(forbid=set(FAMILIES) - {"scatter"}, why=ONLY_SCATTER) as trace:
         got = fn([c.clone() for c in chunks])
     everybody = [torch.empty_like(torch.stack(chunks)) for _ in range(world)]
     dist.all_gather(everybody, torch.stack(chunks))
-    return got, [everybody[src][rank] for src in range(world)]
+    scatters = [call.nbytes for call in trace.of("scatter")]
+    return got, [everybody[src][rank] for src in range(world)], scatters
 
 
 def check_all_to_all(fn) -> str:
@@ -49,17 +53,37 @@ def check_all_to_all(fn) -> str:
         values = run_ranks(_trial, n, (fn, seed), where=on(n, seed),
                            hang_hint="Every rank must call scatter the same number of "
                            "times, with the same src in the same order.")
-        for rank, (got, expected) in enumerate(values):
-            if not isinstance(got, (list, tuple)) or len(got) != n:
-                raise ExerciseFailed(f"{on(n, seed)}, rank {rank} returned {got!r}: expected "
-                                     f"a list of {n} tensors, item i being what rank i sent")
-            for i, (mine, want) in enumerate(zip(got, expected)):
-                problem = tensor_problem(mine, want)
-                if problem:
-                    raise ExerciseFailed(
-                        f"{on(n, seed)}, rank {rank}, item [{i}] should be chunk [{rank}] of "
-                        f"rank {i}'s list (what rank {i} sent to rank {rank}): {problem}")
-    return f"the same as torch's all_to_all on 1-4 ranks (seed {seed})"
+        for rank, (got, expected, scatters) in enumerate(values):
+            problem = _result_problem(got, expected, rank, n) or \
+                _cost_problem(scatters, expected[0], n)
+            if problem:
+                raise ExerciseFailed(f"{on(n, seed)}, rank {rank}{problem}")
+    return (f"the same as torch's all_to_all, with one scatter per source rank, on 1-4 ranks, "
+            f"int64 and float32 (seed {seed})")
+
+
+def _result_problem(got, expected: list, rank: int, n: int) -> str | None:
+    if not isinstance(got, (list, tuple)) or len(got) != n:
+        return (f" returned {got!r}: expected a list of {n} tensors, item i being what rank "
+                f"i sent")
+    for i, (mine, want) in enumerate(zip(got, expected)):
+        problem = tensor_problem(mine, want)
+        if problem:
+            return (f", item [{i}] should be chunk [{rank}] of rank {i}'s list (what rank {i} "
+                    f"sent to rank {rank}): {problem}")
+    return None
+
+
+def _cost_problem(scatters: list, chunk: torch.Tensor, n: int) -> str | None:
+    one = chunk.numel() * chunk.element_size()
+    if len(scatters) != n:
+        return (f" made {len(scatters)} scatter(s): an all-to-all from scatters is exactly "
+                f"{n}, one per source rank (each rank hands out its chunks once); the data "
+                "must travel through them, not around them.")
+    if any(size != one for size in scatters):
+        return (f": its scatters moved {scatters} bytes per rank, and a chunk is {one} bytes: "
+                "each scatter hands every rank one chunk, no more.")
+    return None
 
 
 EXERCISES = (
@@ -67,8 +91,13 @@ EXERCISES = (
         name="03.all_to_all",
         notebook="03_collectives",
         summary="my_all_to_all(chunks): chunk j goes to rank j; item i is what rank i sent me",
-        hint="one dist.scatter per src in range(world_size): rank src passes its chunks as "
-             "scatter_list (None elsewhere), everybody receives into a fresh buffer.",
+        hint="one scatter hands out one rank's chunks, one to each rank; every rank has "
+             "chunks to hand out, and every rank must take part in every scatter (with the "
+             "same src, in the same order).",
+        recipe="received = []; for src in range(world_size): buffer = "
+               "torch.empty_like(chunks[rank]); dist.scatter(buffer, list(chunks) if rank == "
+               "src else None, src=src); received.append(buffer). Return received: item src "
+               "is what rank src sent you.",
         solution=all_to_all_by_scatter,
         checker=check_all_to_all,
     ),
