@@ -95,8 +95,8 @@ ENV_VARS = (
            "on; TORCH_DISTRIBUTED_DEBUG=DETAIL turns it on", _PG, "0", UPSTREAM),
     EnvVar("TORCH_NCCL_ENABLE_TIMING", "record a start event per collective: Flight Recorder "
            "entries get a started state, a start time and a duration", _PG, "0", UPSTREAM),
-    EnvVar("TORCH_NCCL_PROPAGATE_ERROR", "1: the rank whose collective failed tells the "
-           "others through the store, and they fail at once with a remote error", _PG, "0",
+    EnvVar("TORCH_NCCL_PROPAGATE_ERROR", "1: the rank whose collective failed writes a "
+           "signal to the store, and the other ranks' watchdogs record a remote error", _PG, "0",
            UPSTREAM),
     EnvVar("TORCH_NCCL_EXTRA_DUMP_ON_EXEC", "1: also dump when the watchdog dies of an "
            "exception or the group is aborted", _PG, "0", UPSTREAM),

@@ -28,6 +28,8 @@ from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, ThisMachine, run
 PER_TASK_VARS = {"RANK": "SLURM_PROCID", "LOCAL_RANK": "SLURM_LOCALID",
                  "WORLD_SIZE": "SLURM_NTASKS"}
 RDZV_PORT = 29500
+# In a script: a port of the job's own, so that two jobs that share a first node differ.
+JOB_PORT = "$((29500 + SLURM_JOB_ID % 1000))"
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
@@ -114,19 +116,19 @@ def per_task_run(tasks: int = 2, timeout: float = 60.0) -> AgentsResult:
     return run_agents(agents, timeout=timeout, echo=False)
 
 
-def sbatch_torchrun(nodes: int = 2, gpus_per_node: int = 8, port: int = RDZV_PORT) -> str:
+def sbatch_torchrun(nodes: int = 2, gpus_per_node: int = 8, port: str = JOB_PORT) -> str:
     """(a) as an sbatch script: one srun task per node, each running torchrun."""
     return "\n".join([
         "#!/bin/bash", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={gpus_per_node}", "",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        f"port={port}", "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
         "srun torchrun --nnodes=$SLURM_NNODES --node-rank=$SLURM_NODEID \\",
         f"    --nproc-per-node={gpus_per_node} --rdzv-backend=c10d \\",
-        f"    --rdzv-endpoint=$head:{port} --rdzv-id=$SLURM_JOB_ID train.py"])
+        "    --rdzv-endpoint=$head:$port --rdzv-id=$SLURM_JOB_ID train.py"])
 
 
-def sbatch_per_task(nodes: int = 2, gpus_per_node: int = 8, port: int = RDZV_PORT) -> str:
+def sbatch_per_task(nodes: int = 2, gpus_per_node: int = 8, port: str = JOB_PORT) -> str:
     """(b) as an sbatch script: one srun task per GPU, each mapping SLURM's variables."""
     exports = " ".join(f"{name}=${source}" for name, source in PER_TASK_VARS.items())
     return "\n".join([
