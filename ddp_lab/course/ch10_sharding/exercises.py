@@ -2,25 +2,27 @@
 
 Each check draws a seed, builds random shapes and values from it, runs the learner's function
 on 1 to 4 real ranks with the built-ins it replaces switched off, and compares every rank's
-result with what one process computes from all ranks' inputs.
+result with what one process computes from all ranks' inputs. Both exercises are about what
+travels, so both are also judged by the cost that CollectiveTrace records at the dispatcher
+(however the collective was reached): ZeRO-1's step sends each parameter once, from its owner;
+the gradient's shard costs one reduce-scatter. The second exercise lives in shard_exercise.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from ddp_lab.exercises.builtins_off import refusing, replaced, switched_off
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.course.ch10_sharding.shard_exercise import check_shard_gradient, shard_gradient
+from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.exercises.builtins_off import refusing, replaced
+from ddp_lab.exercises.driver import (HANG_S, WORLD_SIZES, generator, new_seed, run_ranks,
+                                      where)
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.sharded_optimizer import ShardedOptimizer, partition
 
-# Ranks import torch's distributed optim/tensor packages first: seconds each on a busy laptop.
-CHECK_TIMEOUT = 60.0
 STEPS = 3
+COST_TOLERANCE = 1.25  # the reference moves exactly each parameter once
 
 
 # --- 10.zero1_step ---------------------------------------------------------------------------
@@ -33,192 +35,208 @@ def zero1_step(params, owners, local_optimizer):
         dist.broadcast(p.data, src=owner)
 
 
-def _random_params(seed: int) -> list[torch.Tensor]:
-    """Five parameters of random shapes (1-D or 2-D, sides 2-6), the same on every rank."""
-    g = generator(seed)
+def _random_params(seed: int, layout: tuple[int, bool]) -> list[torch.Tensor]:
+    """``count`` trained parameters of random shapes (1-D or 2-D, sides 2-6), then, with
+    ``extras``, one frozen (no requires_grad) and one unused (requires_grad, never a
+    gradient): the optimizer skips both, and they still have owners."""
+    count, extras = layout
+    g = generator(seed, count, extras)
     params = []
-    for _ in range(5):
+    for _ in range(count + 2 * extras):
         dims = int(torch.randint(1, 3, (1,), generator=g))
         shape = tuple(int(s) for s in torch.randint(2, 7, (dims,), generator=g))
         params.append(torch.randn(shape, generator=g).requires_grad_())
+    if extras:
+        params[count].requires_grad_(False)
     return params
 
 
-def _set_grads(params, seed: int, step: int, rank: int) -> None:
-    for k, p in enumerate(params):
-        p.grad = torch.randn(p.shape, generator=generator(seed, step, rank, k))
+def _layouts(world: int) -> list[tuple[int, bool]]:
+    """(trained parameters, frozen and unused ones too) of each phase: five with both
+    extras; then, on 2+ ranks, one parameter fewer than the ranks, so that the last rank
+    owns none and gets ``local_optimizer=None``."""
+    return [(5, True)] + ([(world - 1, False)] if world > 1 else [])
 
 
-def _zero1_trial(fn, seed: int) -> dict:
-    """Every step: random gradients per rank, averaged (as DDP would), then the learner's
-    step; returns every parameter after every step, the owners, and the reference's."""
+def _set_grads(params, count: int, seed: int, step: int, rank: int) -> None:
+    for k in range(count):
+        params[k].grad = torch.randn(params[k].shape, generator=generator(seed, step, rank, k))
+
+
+def _zero1_trial(fn, seed: int) -> list[dict]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    params, ref = _random_params(seed), _random_params(seed)
+    return [_zero1_phase(fn, seed, rank, world, layout) for layout in _layouts(world)]
+
+
+def _zero1_phase(fn, seed: int, rank: int, world: int, layout: tuple[int, bool]) -> dict:
+    """Every step: random gradients per rank, averaged (as DDP would), then the learner's
+    step under a CollectiveTrace; returns every parameter after every step, the owners, the
+    reference's values and what each step moved."""
+    count = layout[0]
+    params, ref = _random_params(seed, layout), _random_params(seed, layout)
     owners = partition([p.numel() for p in params], world)
     mine = [p for p, owner in zip(params, owners) if owner == rank]
     local = torch.optim.Adam(mine, lr=0.1) if mine else None
     ref_optimizer = torch.optim.Adam(ref, lr=0.1)
-    history = []
+    history, moved = [], []
     for step in range(STEPS):
-        _set_grads(params, seed, step, rank)
-        for p in params:
-            dist.all_reduce(p.grad)
-            p.grad /= world
-        with _no_sharded_optimizers():
-            fn(params, owners, local)
-        ref_grads = [sum(torch.randn(p.shape, generator=generator(seed, step, r, k))
-                         for r in range(world)) / world for k, p in enumerate(ref)]
-        for p, grad in zip(ref, ref_grads):
-            p.grad = grad
+        _set_grads(params, count, seed, step, rank)
+        for k in range(count):
+            dist.all_reduce(params[k].grad)
+            params[k].grad /= world
+        with _no_sharded_optimizer(), CollectiveTrace(forbid=("all_reduce", "reduce_scatter"),
+                                                      why=FORBIDDEN_WHY) as trace:
+            _call_step(fn, params, owners, local)
+        moved.append(_moved(trace))
+        for k in range(count):
+            ref[k].grad = sum(torch.randn(ref[k].shape, generator=generator(seed, step, r, k))
+                              for r in range(world)) / world
         ref_optimizer.step()
         history.append(([p.detach().clone() for p in params], [p.detach().clone() for p in ref]))
-    return {"owners": owners, "history": history, "initial": [p.detach() for p in _random_params(seed)]}
+    return {"owners": owners, "history": history, "moved": moved,
+            "initial": [p.detach() for p in _random_params(seed, layout)],
+            "all_bytes": sum(p.numel() * p.element_size() for p in params),
+            "trained_bytes": sum(p.numel() * p.element_size() for p in params[:count])}
 
 
-def _no_sharded_optimizers() -> contextlib.ExitStack:
-    """The scratch ShardedOptimizer's step and the gradient reductions refuse while the
-    learner's step runs. (torch's ZeroRedundancyOptimizer is no shortcut for a step over
-    given parameters; importing torch.distributed.optim to switch it off would cost every
-    rank seconds of TorchScript compilation.)"""
-    stack = contextlib.ExitStack()
-    why = "write ZeRO-1's step yourself: local_optimizer.step(), then broadcasts"
-    stack.enter_context(replaced(ShardedOptimizer, "step", refusing("ShardedOptimizer.step", why)))
-    stack.enter_context(switched_off(("all_reduce", "reduce_scatter", "reduce_scatter_tensor"),
-                                     "the gradients are already averaged; only the updated "
-                                     "parameters need to travel"))
-    return stack
+FORBIDDEN_WHY = ("the gradients are already averaged; only the updated parameters need to "
+                 "travel, from their owners")
 
 
-def _mismatches(values: list) -> list[tuple]:
+def _call_step(fn, params, owners, local) -> None:
+    """The learner's step; a rank that owns nothing and still steps hears why it failed."""
+    try:
+        fn(params, owners, local)
+    except AttributeError as err:
+        if local is None and "NoneType" in str(err):
+            count = f"{len(params)} parameter{'s' * (len(params) != 1)}"
+            raise RuntimeError(f"{err}: this rank owns no parameter here ({count} on "
+                               f"{dist.get_world_size()} ranks), so its "
+                               "local_optimizer is None; step it only when it is not None, "
+                               "and still take part in every collective") from err
+        raise
+
+
+def _moved(trace: CollectiveTrace) -> dict:
+    calls = trace.moving_data()
+    return {"bytes": sum(c.whole_nbytes for c in calls), "families": trace.family_counts(),
+            "dtypes": sorted({str(c.dtype) for c in calls if c.dtype is not None})}
+
+
+def _no_sharded_optimizer():
+    """The scratch ShardedOptimizer's step refuses while the learner's step runs (patched
+    on the class, which every imported name shares). torch's ZeroRedundancyOptimizer is no
+    shortcut for a step over given parameters."""
+    why = "write ZeRO-1's step yourself: the local step, then the parameters travel"
+    return replaced(ShardedOptimizer, "step", refusing("ShardedOptimizer.step", why))
+
+
+def _mismatches(phases: list[dict]) -> list[tuple]:
     """(rank, step, index, got, expected, previous, owner) of every parameter value that
-    differs from the reference, in order."""
+    differs from the reference, over every rank's run of one phase, in order."""
     found = []
-    for rank, v in enumerate(values):
-        previous = v["initial"]
-        for step, (got, expected) in enumerate(v["history"]):
+    for rank, phase in enumerate(phases):
+        previous = phase["initial"]
+        for step, (got, expected) in enumerate(phase["history"]):
             for k, (g, e) in enumerate(zip(got, expected)):
                 if not torch.allclose(g, e, rtol=1e-5, atol=1e-6):
-                    found.append((rank, step, k, g, e, previous[k], v["owners"][k]))
+                    found.append((rank, step, k, g, e, previous[k], phase["owners"][k]))
             previous = got
     return found
 
 
-def _zero1_problem(mismatches: list) -> str:
-    """The most telling mistake first: broadcasting from rank 0, an owner that never
-    updated, a rank that never received; then anything else."""
+def _zero1_problem(mismatches: list, dtypes: list) -> str:
+    """The most telling mistake first: a downcast, broadcasting from rank 0, an owner that
+    never updated, a rank that never received; then anything else."""
+    narrow = [d for d in dtypes if d != "torch.float32"]
+    if narrow:
+        return (f"rank {mismatches[0][0]}: the parameters travelled as {', '.join(narrow)}: "
+                "send them in their own dtype (float32), or the receivers hold rounded values")
     if all(owner != 0 for *_, owner in mismatches):
         rank, step, k, *_, owner = mismatches[0]
-        return (f"rank {rank}, step {step}: the parameters rank 0 owns are right, but parameter "
-                f"{k}, owned by rank {owner}, is not: broadcast each parameter from its owner, "
-                "src=owners[i], not from rank 0")
+        return (f"rank {rank}, step {step}: the parameters rank 0 owns are right, but "
+                f"parameter {k}, owned by rank {owner}, is not: each parameter's new value "
+                "comes from its owner, not from rank 0")
     for rank, step, k, got, _, previous, owner in mismatches:
         if owner == rank and torch.equal(got, previous):
-            return (f"rank {rank}, step {step}: parameter {k}, which rank {rank} owns, did not "
-                    "change: call local_optimizer.step() before broadcasting")
+            return (f"rank {rank}, step {step}: parameter {k}, which rank {rank} owns, did "
+                    "not change: the owner must run its local optimizer before sharing")
     rank, step, k, got, expected, previous, owner = mismatches[0]
     if torch.equal(got, previous):
         return (f"rank {rank}, step {step}: parameter {k} (owned by rank {owner}) still holds "
-                f"its old value: broadcast every parameter from its owner, src=owners[i]")
+                "its old value: every parameter's new value must reach every rank, from its "
+                "owner")
     return (f"rank {rank}, step {step}: parameter {k} (owner: rank {owner}) should be "
             f"{expected.flatten()[:4].tolist()}..., got {got.flatten()[:4].tolist()}...: "
-            "broadcast after the step, from src=owners[i]")
+            "share the values after the owner's step, from the owner")
+
+
+def _zero1_cost_problem(phase: dict, n: int) -> str | None:
+    """Each step sends each parameter once from its owner: a broadcast per parameter moves
+    exactly the parameters' bytes. More is a costlier exchange; less, with every value
+    right, means the rank computed what it does not own itself."""
+    for step, moved in enumerate(phase["moved"]):
+        budget = COST_TOLERANCE * phase["all_bytes"]
+        if moved["bytes"] > budget:
+            return (f"step {step} moved {moved['bytes']} bytes ({moved['families']}); one "
+                    f"broadcast per parameter from its owner moves {phase['all_bytes']}: each "
+                    "rank needs each new value once, from the one rank that computed it")
+        if moved["bytes"] < phase["trained_bytes"]:
+            made = moved["families"] or "no collective"
+            return (f"step {step} moved only {moved['bytes']} bytes ({made}), yet the {phase['trained_bytes']} bytes of updated "
+                    "parameters must reach the ranks that do not own them: a rank that "
+                    "updates what it does not own holds that optimizer state, which is what "
+                    "ZeRO-1 removes. Step only local_optimizer and receive the rest")
+    return None
 
 
 def check_zero1_step(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         on = where(n, seed)
-        values = run_ranks(_zero1_trial, n, (fn, seed), where=on, timeout=CHECK_TIMEOUT,
-                           hang_hint="Every rank must call dist.broadcast for every "
-                                     "parameter, in the same order.")
-        mismatches = _mismatches(values)
-        if mismatches:
-            raise ExerciseFailed(f"{on}, {_zero1_problem(mismatches)}")
-    return f"every rank holds what one process's Adam gives, {STEPS} steps on 1 to 4 ranks (seed {seed})"
-
-
-# --- 10.shard_gradient -----------------------------------------------------------------------
-
-def shard_gradient(full_grad):
-    """Reference: flatten, zero-pad to a multiple of the world size, reduce-scatter, average."""
-    world = dist.get_world_size()
-    flat = F.pad(full_grad.flatten(), (0, (-full_grad.numel()) % world))
-    shard = torch.empty(flat.numel() // world, dtype=flat.dtype)
-    dist.reduce_scatter_tensor(shard, flat)
-    return shard / world
-
-
-def _shape(seed: int, trial: int) -> tuple[int, ...]:
-    """Random shapes; the first has 35 elements, which 2, 3 and 4 ranks cannot split evenly."""
-    if trial == 0:
-        return (5, 7)
-    g = generator(seed, trial)
-    dims = int(torch.randint(1, 4, (1,), generator=g))
-    return tuple(int(s) for s in torch.randint(1, 6, (dims,), generator=g))
-
-
-def _shard_trial(fn, seed: int) -> list:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = []
-    for trial in range(3):
-        shape = _shape(seed, trial)
-        grads = [torch.randn(shape, generator=generator(seed, trial, r)) for r in range(world)]
-        with switched_off(("all_reduce", "all_gather", "all_gather_into_tensor", "reduce"),
-                          "each rank needs only its own shard: use dist.reduce_scatter_tensor"):
-            got = fn(grads[rank].clone())
-        average = F.pad(torch.stack(grads).mean(0).flatten(), (0, (-grads[0].numel()) % world))
-        results.append({"shape": shape, "got": got, "expected": average.chunk(world)[rank],
-                        "own": F.pad(grads[rank].flatten(), (0, (-grads[0].numel()) % world)).chunk(world)[rank],
-                        "chunks": average.chunk(world)})
-    return results
-
-
-def _shard_problem(r: dict, rank: int, n: int) -> str | None:
-    got, want = r["got"], r["expected"]
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-        return (f"expected a 1-D shard of {want.numel()} values (ceil({r['shape']} elements / "
-                f"{n})), got {shape}: flatten, pad with zeros to a multiple of {n}, split")
-    if torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-        return None
-    if torch.allclose(got, want * n, rtol=1e-5, atol=1e-5):
-        return f"the shard is {n}x too large: reduce_scatter sums; divide by the world size"
-    if torch.allclose(got, r["own"], rtol=1e-5, atol=1e-6):
-        return "that is this rank's own gradient: it was never reduced across the ranks"
-    for other, chunk in enumerate(r["chunks"]):
-        if other != rank and torch.allclose(got, chunk, rtol=1e-5, atol=1e-6):
-            return f"that is rank {other}'s shard: rank {rank} must get part [{rank}]"
-    return f"expected {want.tolist()}, got {got.tolist()}"
-
-
-def check_shard_gradient(fn) -> str:
-    seed = new_seed()
-    for n in WORLD_SIZES:
-        on = where(n, seed)
-        values = run_ranks(_shard_trial, n, (fn, seed), where=on, timeout=CHECK_TIMEOUT,
-                           hang_hint="Every rank must call the same collective with tensors "
-                                     "of the same size.")
-        for rank, results in enumerate(values):
-            for r in results:
-                problem = _shard_problem(r, rank, n)
+        values = run_ranks(_zero1_trial, n, (fn, seed), where=on, timeout=HANG_S,
+                           hang_hint="Every rank must take part in the same collectives, in "
+                                     "the same order, owner or not.")
+        for phases in zip(*values):  # one phase, every rank's run of it
+            owners = f"{len(phases[0]['owners'])} parameters (owners {phases[0]['owners']})"
+            mismatches = _mismatches(phases)
+            if mismatches:
+                dtypes = sorted({d for p in phases for m in p["moved"] for d in m["dtypes"]})
+                raise ExerciseFailed(f"{on}, {owners}, {_zero1_problem(mismatches, dtypes)}")
+            for rank, phase in enumerate(phases):
+                problem = _zero1_cost_problem(phase, n) if n > 1 else None
                 if problem:
-                    raise ExerciseFailed(f"{on}, rank {rank}, a gradient of shape {r['shape']}: {problem}")
-    return f"every rank got its averaged shard, 3 shapes on 1 to 4 ranks (seed {seed})"
+                    raise ExerciseFailed(f"{on}, {owners}, rank {rank}: {problem}")
+    return (f"every rank holds what one process's Adam gives, {STEPS} steps on 1 to 4 ranks, "
+            f"ranks that own nothing and frozen parameters included, each parameter sent once "
+            f"(seed {seed})")
 
 
 EXERCISES = (
     Exercise(
         name="10.zero1_step", notebook="10_sharding",
         summary="zero1_step(params, owners, local_optimizer): update your share, then share it",
-        hint="local_optimizer.step() if you own anything, then for every parameter "
-             "dist.broadcast(p.data, src=owners[i]) on every rank.",
+        hint="Only the owner of a parameter can update it, and only the owner holds its new "
+             "value: which collective copies one rank's tensor to all the others? Mind the "
+             "rank whose local_optimizer is None.",
+        recipe="1. If local_optimizer is not None, call local_optimizer.step(): it updates "
+               "exactly the parameters this rank owns.\n2. Then, on every rank and in the same "
+               "order, for i, p in enumerate(params): dist.broadcast(p.data, src=owners[i]). "
+               "The owner sends, everyone else receives into p.data. Each parameter crosses "
+               "once; nothing else needs to travel (the gradients were averaged before).",
         solution=zero1_step, checker=check_zero1_step,
         answered_by=("ddp_lab.scratch.sharded_optimizer:ShardedOptimizer.step",)),
     Exercise(
         name="10.shard_gradient", notebook="10_sharding",
         summary="shard_gradient(full_grad): this rank's averaged shard, by one reduce-scatter",
-        hint="flatten, F.pad to a multiple of world_size, dist.reduce_scatter_tensor into a "
-             "buffer of numel // world_size, then divide by world_size.",
+        hint="One collective both sums over the ranks and hands each rank only its part. "
+             "Before it, make the gradient 1-D and a multiple of world_size long; after it, "
+             "the sum still has to become an average.",
+        recipe="1. flat = full_grad.flatten(), then F.pad(flat, (0, (-flat.numel()) % world)) "
+               "so it splits evenly (world = dist.get_world_size()).\n2. shard = "
+               "torch.empty(flat.numel() // world, dtype=flat.dtype).\n3. "
+               "dist.reduce_scatter_tensor(shard, flat): rank r receives the sum of every "
+               "rank's part r.\n4. return shard / world.",
         solution=shard_gradient, checker=check_shard_gradient,
         answered_by=("ddp_lab.scratch.fsdp:_GatherParam.backward",
                      "ddp_lab.scratch.fsdp:FSDP.sync_gradients")),

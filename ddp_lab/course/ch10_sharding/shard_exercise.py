@@ -1,0 +1,130 @@
+"""Notebook 10's second exercise: one gradient, reduce-scattered, as ZeRO-2 and ZeRO-3 do.
+
+The check runs the learner's ``shard_gradient`` on 1 to 4 ranks, on a gradient whose size
+does not split evenly, one smaller than the world (the last ranks' shards are all padding)
+and a random one, with the all-reduce, the all-gather and the reduce switched off in every
+form. It compares each rank's shard with one process's average, then the cost that
+CollectiveTrace recorded: one collective, and no more bytes than a reduce-scatter sends
+((n-1)/n of the padded gradient per rank), in the gradient's own dtype. N broadcasts of the
+whole gradient, or an all-to-all of whole copies, give the right shard at n times the cost.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.registry import ExerciseFailed
+
+FORBIDDEN = ("all_reduce", "all_gather", "reduce")
+WHY = "each rank needs only its own shard of the sum: one collective sums and splits at once"
+COST_TOLERANCE = 1.25  # the reference sends exactly (n-1)/n of the padded gradient
+TRIALS = 3
+
+
+def shard_gradient(full_grad):
+    """Reference: flatten, zero-pad to a multiple of the world size, reduce-scatter, average."""
+    world = dist.get_world_size()
+    flat = F.pad(full_grad.flatten(), (0, (-full_grad.numel()) % world))
+    shard = torch.empty(flat.numel() // world, dtype=flat.dtype)
+    dist.reduce_scatter_tensor(shard, flat)
+    return shard / world
+
+
+def _shape(seed: int, trial: int) -> tuple[int, ...]:
+    """35 elements (2, 3 and 4 ranks cannot split them evenly), then 3 (on 4 ranks the last
+    shard is padding only), then a random shape."""
+    if trial < 2:
+        return ((5, 7), (3,))[trial]
+    g = generator(seed, trial)
+    dims = int(torch.randint(1, 4, (1,), generator=g))
+    return tuple(int(s) for s in torch.randint(1, 6, (dims,), generator=g))
+
+
+def _padded(t: torch.Tensor, world: int) -> torch.Tensor:
+    return F.pad(t.flatten(), (0, (-t.numel()) % world))
+
+
+def _sent(call) -> float:
+    """Bytes this rank sends for one call (a ring's share), its list counted whole."""
+    return call.bytes_per_rank * call.whole_nbytes / call.nbytes if call.nbytes else 0.0
+
+
+def _shard_trial(fn, seed: int) -> list:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = []
+    for trial in range(TRIALS):
+        shape = _shape(seed, trial)
+        grads = [torch.randn(shape, generator=generator(seed, trial, r)) for r in range(world)]
+        with CollectiveTrace(forbid=FORBIDDEN, why=WHY) as trace:
+            got = fn(grads[rank].clone())
+        if isinstance(got, torch.Tensor):
+            got = got.detach().clone()  # an AsyncCollectiveTensor waits here, a plain one copies
+        average = _padded(torch.stack(grads).mean(0), world)
+        results.append({"shape": shape, "got": got, "expected": average.chunk(world)[rank],
+                        "own": _padded(grads[rank], world).chunk(world)[rank],
+                        "chunks": average.chunk(world), "padded_bytes": average.numel() * 4,
+                        "calls": [(c.family, _sent(c), c.dtype) for c in trace.moving_data()]})
+    return results
+
+
+def _shard_problem(r: dict, rank: int, n: int) -> str | None:
+    got, want = r["got"], r["expected"]
+    narrow = sorted({str(dtype) for _, _, dtype in r["calls"]
+                     if dtype is not None and dtype.itemsize < 4})
+    if narrow:
+        return (f"the gradient travelled as {', '.join(narrow)}: that halves the bytes by "
+                "dropping precision (the shard must equal the float32 average to 1e-5); send "
+                "it in its own dtype")
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        kind = (f"{got.dtype} of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor)
+                else type(got).__name__)
+        return (f"expected a 1-D float32 shard of {want.numel()} values (ceil({r['shape']} "
+                f"elements / {n})), got {kind}: flatten, pad with zeros to a multiple of {n}, "
+                "split")
+    if torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        return None
+    if torch.allclose(got, want * n, rtol=1e-5, atol=1e-5):
+        return f"the shard is {n}x too large: the collective sums; divide by the world size"
+    if torch.allclose(got, r["own"], rtol=1e-5, atol=1e-6):
+        return "that is this rank's own gradient: it was never reduced across the ranks"
+    for other, chunk in enumerate(r["chunks"]):
+        if other != rank and torch.allclose(got, chunk, rtol=1e-5, atol=1e-6):
+            return f"that is rank {other}'s shard: rank {rank} must get part [{rank}]"
+    return f"expected {want.tolist()}, got {got.tolist()}"
+
+
+def _cost_problem(r: dict, n: int) -> str | None:
+    """One collective, at most a reduce-scatter's bytes (point-to-point answers are judged
+    by their bytes alone: a ring of sends is a reduce-scatter too)."""
+    collectives = [family for family, _, _ in r["calls"] if family not in ("send", "recv")]
+    made = ", ".join(f"{collectives.count(f)} {f}" for f in dict.fromkeys(collectives))
+    if len(collectives) > 1:
+        return (f"it made {len(collectives)} collectives ({made}): one reduce-scatter sums "
+                "over the ranks and hands each rank its part in a single collective")
+    sent, budget = sum(b for _, b, _ in r["calls"]), (n - 1) / n * r["padded_bytes"]
+    if sent > COST_TOLERANCE * budget:
+        return (f"this rank sent about {sent:.0f} bytes ({made or 'point-to-point'}); a "
+                f"reduce-scatter sends {budget:.0f}, (n-1)/n of the padded gradient: each "
+                "rank needs only its own part of the sum, not every rank's whole gradient")
+    return None
+
+
+def check_shard_gradient(fn) -> str:
+    seed = new_seed()
+    for n in WORLD_SIZES:
+        on = where(n, seed)
+        values = run_ranks(_shard_trial, n, (fn, seed), where=on, timeout=HANG_S,
+                           hang_hint="Every rank must call the same collective with tensors "
+                                     "of the same size.")
+        for rank, results in enumerate(values):
+            for r in results:
+                problem = _shard_problem(r, rank, n) or (_cost_problem(r, n) if n > 1 else None)
+                if problem:
+                    raise ExerciseFailed(f"{on}, rank {rank}, a gradient of shape {r['shape']}: "
+                                         f"{problem}")
+    return (f"every rank got its averaged shard, {TRIALS} shapes (uneven, smaller than the "
+            f"world) on 1 to 4 ranks, at the cost of one reduce-scatter (seed {seed})")
