@@ -98,13 +98,17 @@ def _any_source(records: list[tuple]) -> bool:
 
 
 def to_itself(records: list[list[tuple]]) -> str | None:
-    """A rank that named itself as the peer of a send or recv, in words."""
+    """A rank that named itself, or a rank that does not exist, as the peer of a send or
+    recv, in words."""
     for rank, mine in enumerate(records):
         for kind, peer, _, _ in mine:
             if peer == rank:
                 return (f"rank {rank} posted a {kind} with itself as the peer: a rank does not "
                         "send to itself (gloo has no connection to itself: 'Pair is not "
                         "connected'); when a tensor would go back home, keep a copy instead.")
+            if peer is not None and not 0 <= peer < len(records):
+                return (f"rank {rank} posted a {kind} with rank {peer} as the peer, and the "
+                        f"ranks are 0 to {len(records) - 1}: wrap around with % world_size.")
     return None
 
 

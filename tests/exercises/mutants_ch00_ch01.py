@@ -1,0 +1,352 @@
+"""Wrong answers to the exercises of notebooks 00, 00b and 01, the ones a learner really
+writes, and right answers that differ from the reference.
+
+MUTANTS holds (exercise, wrong answer, a regex the rejection must match); RIGHT holds
+(exercise, right-but-different answer); test_mutations.py checks every one. Each class the
+checkers must see through has its mutants: names imported at the top of this module (the
+way a notebook imports them), process-group methods, functional collectives,
+``distributed_c10d``, sleeps (imported and ``threading.Event().wait``), and the coverage
+holes (frozen weights, a swap, a float32 answer). Data and functions only, no test here."""
+
+from __future__ import annotations
+
+import threading
+import time
+from time import sleep
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from torch.distributed import all_gather, all_gather_object, all_reduce, barrier, broadcast
+from torch.distributed import distributed_c10d
+
+
+def _group():
+    return distributed_c10d._get_default_group()
+
+
+def _vector(model, dtype=torch.float64):
+    return torch.cat([p.detach().reshape(-1).to(dtype) for p in model.parameters()])
+
+
+# -- 00 --------------------------------------------------------------------------------------
+def closed_form(value):
+    return float((dist.get_world_size() - 1) ** 2)
+
+
+def own_value(value):
+    return value
+
+
+def summed(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    all_reduce(t)  # imported name, default op
+    return t.item()
+
+
+def returns_the_tensor(value):
+    t = torch.tensor([value])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def summed_by_the_group(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    _group().allreduce([t]).wait()
+    return t.item()
+
+
+def functional_mean(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    return fc.all_reduce(t, "avg", dist.group.WORLD).wait().item()
+
+
+def c10d_minimum(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    distributed_c10d.all_reduce(t, op=dist.ReduceOp.MIN)
+    return t.item()
+
+
+def hint_as_written(value):  # the hint's float32 tensor: the first hint must work
+    t = torch.tensor([value])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def imported_max(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def group_method_max(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MAX
+    _group().allreduce([t], options).wait()
+    return t.item()
+
+
+def functional_max(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    return fc.all_reduce(t, "max", dist.group.WORLD).wait().item()
+
+
+def gathered_objects_max(value):
+    everybody = [None] * dist.get_world_size()
+    all_gather_object(everybody, value)
+    return max(everybody)
+
+
+# -- 00b -------------------------------------------------------------------------------------
+def agrees_with_itself(model):
+    v = _vector(model)
+    return torch.equal(v, v)
+
+
+def compares_with_rank0(model):
+    v = _vector(model)
+    first = v.clone()
+    broadcast(first, src=0)  # imported name: rank 0 alone always says True
+    return torch.equal(v, first)
+
+
+def compares_with_rank0_by_the_group(model):
+    v = _vector(model)
+    first = v.clone()
+    _group().broadcast([first]).wait()
+    return torch.equal(v, first)
+
+
+def summed_within_tolerance(model):
+    v = _vector(model, torch.float32)
+    total = v.clone()
+    dist.all_reduce(total)
+    return torch.allclose(total, v * dist.get_world_size())
+
+
+def averaged_in_place(model):
+    for p in model.parameters():
+        dist.all_reduce(p.data)
+        p.data /= dist.get_world_size()
+    return True
+
+
+def max_only(model):
+    v = _vector(model)
+    top = v.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return torch.equal(top, v)
+
+
+def trainable_only(model):
+    v = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()
+                   if p.requires_grad])
+    both = torch.cat([v, -v])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return torch.equal(both[:len(v)], -both[len(v):])
+
+
+def gathered_checksums(model):
+    mine = _vector(model).sum().reshape(1)
+    sums = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    all_gather(sums, mine)
+    return all(torch.equal(s, sums[0]) for s in sums)
+
+
+def functional_norm_range(model):
+    norm = _vector(model).norm()
+    both = fc.all_reduce(torch.stack([norm, -norm]), "max", dist.group.WORLD).wait()
+    return bool(both[0] == -both[1])
+
+
+def returns_a_tensor(model):
+    v = _vector(model)
+    both = torch.cat([v, -v])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return (both[:len(v)] == -both[len(v):]).all()
+
+
+def broadcast_then_vote(model):
+    v = _vector(model)
+    first = v.clone()
+    broadcast(first, src=0)
+    same = torch.tensor([int(torch.equal(v, first))])
+    all_reduce(same, op=dist.ReduceOp.MIN)
+    return bool(same.item())
+
+
+def gathered_and_compared(model):
+    v = _vector(model)
+    everybody = [torch.empty_like(v) for _ in range(dist.get_world_size())]
+    all_gather(everybody, v)
+    return all(torch.equal(x, everybody[0]) for x in everybody)
+
+
+def group_method_range(model):
+    v = _vector(model)
+    both = torch.cat([v, -v])
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MAX
+    _group().allreduce([both], options).wait()
+    return torch.equal(both[:len(v)], -both[len(v):])
+
+
+# -- 01.store_barrier ----------------------------------------------------------------------
+def sleeping_barrier(store, world_size, name):
+    time.sleep(1)
+
+
+def imported_sleep_barrier(store, world_size, name):
+    store.add(f"{name}/count", 1)
+    sleep(0.8)
+
+
+def event_wait_barrier(store, world_size, name):
+    threading.Event().wait(1.6)
+
+
+def leaky_barrier(store, world_size, name):
+    store.add(f"{name}/count", 1)
+
+
+def same_keys_every_time(store, world_size, name):
+    if store.add("count", 1) == world_size:
+        store.set("go", "1")
+    store.wait(["go"])
+
+
+def opened_one_too_early(store, world_size, name):
+    if store.add(f"{name}/count", 1) >= world_size - 1:
+        store.set(f"{name}/go", "1")
+    store.wait([f"{name}/go"])
+
+
+def torch_barrier(store, world_size, name):
+    barrier()
+
+
+def group_barrier(store, world_size, name):
+    _group().barrier().wait()
+
+
+def functional_all_reduce_barrier(store, world_size, name):
+    fc.all_reduce(torch.zeros(1), "sum", dist.group.WORLD).wait()
+
+
+def polling_barrier(store, world_size, name):
+    store.add(f"{name}/count", 1)
+    while store.add(f"{name}/count", 0) < world_size:
+        sleep(0.01)
+
+
+def every_rank_its_key(store, world_size, name):
+    ticket = store.add(f"{name}/tickets", 1)
+    store.set(f"{name}/in/{ticket}", "1")
+    store.wait([f"{name}/in/{i}" for i in range(1, world_size + 1)])
+
+
+# -- 01.rank_ordered_print -----------------------------------------------------------------
+def plain_print(line):
+    print(line)
+
+
+def sleep_then_print(line):
+    sleep(0.3 * dist.get_rank())
+    print(line, flush=True)
+
+
+def barrier_then_event_wait(line):
+    barrier()
+    threading.Event().wait(0.2 * dist.get_rank())
+    print(line, flush=True)
+
+
+def reversed_turns(line):
+    for turn in reversed(range(dist.get_world_size())):
+        if turn == dist.get_rank():
+            print(line, flush=True)
+        dist.barrier()
+
+
+def rank0_prints_everything(line):
+    lines = [None] * dist.get_world_size()
+    all_gather_object(lines, line)
+    if dist.get_rank() == 0:
+        for each in lines:
+            print(each, flush=True)
+
+
+def turns_with_imported_barrier(line):
+    for turn in range(dist.get_world_size()):
+        if turn == dist.get_rank():
+            print(line, flush=True)
+        barrier()
+
+
+def turns_with_group_barrier(line):
+    for turn in range(dist.get_world_size()):
+        if turn == dist.get_rank():
+            print(line, flush=True)
+        _group().barrier().wait()
+
+
+def passing_a_token(line):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    token = torch.zeros(1)
+    if rank > 0:
+        dist.recv(token, rank - 1)
+    print(line, flush=True)
+    if rank < world - 1:
+        dist.send(token, rank + 1)
+
+
+MUTANTS = [
+    ("00.max_over_ranks", closed_form, "expected the largest"),
+    ("00.max_over_ranks", own_value, "own value"),
+    ("00.max_over_ranks", summed, "sum of the values"),
+    ("00.max_over_ranks", returns_the_tensor, "got a tensor .*item\\(\\)"),
+    ("00.max_over_ranks", summed_by_the_group, "sum of the values"),
+    ("00.max_over_ranks", functional_mean, "mean of the values"),
+    ("00.max_over_ranks", c10d_minimum, "expected the largest"),
+    ("00b.weights_agree", agrees_with_itself, "yet every rank answered True"),
+    ("00b.weights_agree", compares_with_rank0, "must give the same answer"),
+    ("00b.weights_agree", compares_with_rank0_by_the_group, "must give the same answer"),
+    ("00b.weights_agree", summed_within_tolerance, "must give the same answer|compare"),
+    ("00b.weights_agree", averaged_in_place, "weights changed during your function"),
+    ("00b.weights_agree", max_only, "must give the same answer"),
+    ("00b.weights_agree", trainable_only, "Frozen weights"),
+    ("00b.weights_agree", gathered_checksums, "swapped.*checksum"),
+    ("00b.weights_agree", functional_norm_range, "swapped.*norm"),
+    ("00b.weights_agree", returns_a_tensor, "return a bool"),
+    ("01.store_barrier", sleeping_barrier, "fixed (wait|time)"),
+    ("01.store_barrier", imported_sleep_barrier, "fixed (wait|time)"),
+    ("01.store_barrier", event_wait_barrier, "fixed (wait|time)"),
+    ("01.store_barrier", leaky_barrier, "left before it arrived"),
+    ("01.store_barrier", same_keys_every_time, "keys of its own"),
+    ("01.store_barrier", opened_one_too_early, "left before it arrived"),
+    ("01.store_barrier", torch_barrier, "switched off .*store alone"),
+    ("01.store_barrier", group_barrier, "switched off in this exercise, in every form"),
+    ("01.store_barrier", functional_all_reduce_barrier, "all_reduce is switched off"),
+    ("01.rank_ordered_print", plain_print, "came out as"),
+    ("01.rank_ordered_print", sleep_then_print, "fixed (wait|time)"),
+    ("01.rank_ordered_print", barrier_then_event_wait, "fixed (wait|time)"),
+    ("01.rank_ordered_print", reversed_turns, "only once every lower rank"),
+    ("01.rank_ordered_print", rank0_prints_everything, "prints its own line"),
+]
+
+RIGHT = [
+    ("00.max_over_ranks", hint_as_written),
+    ("00.max_over_ranks", imported_max),
+    ("00.max_over_ranks", group_method_max),
+    ("00.max_over_ranks", functional_max),
+    ("00.max_over_ranks", gathered_objects_max),
+    ("00b.weights_agree", broadcast_then_vote),
+    ("00b.weights_agree", gathered_and_compared),
+    ("00b.weights_agree", group_method_range),
+    ("01.store_barrier", polling_barrier),
+    ("01.store_barrier", every_rank_its_key),
+    ("01.rank_ordered_print", turns_with_imported_barrier),
+    ("01.rank_ordered_print", turns_with_group_barrier),
+    ("01.rank_ordered_print", passing_a_token),
+]
