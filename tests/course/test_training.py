@@ -215,3 +215,11 @@ def test_step_throughput_reports_the_slowest_rank():
     assert two["samples_per_s"] == pytest.approx(2 * 32 / two["step_s"])
     rows = scaling_table({n: r[0] for n, r in results.items()})
     assert rows[0]["speedup"] == 1.0 and rows[1]["efficiency"] == rows[1]["speedup"] / 2
+
+
+def test_each_rank_brings_its_own_loader_workers():
+    from ddp_lab.course.ch06_training import oversubscription
+    footprints = ddp_lab.run(oversubscription.loader_footprint, 2, kwargs={"num_workers": 3},
+                             echo=False).values
+    assert [f["loader_workers"] for f in footprints] == [3, 3]
+    assert oversubscription.busy_per_machine(footprints) == 2 * (3 + footprints[0]["intra_op_threads"])
