@@ -9,8 +9,18 @@ import re
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
 import torch.distributed.nn.functional as differentiable
 import torch.nn.functional as F
+from torch.distributed import all_gather_into_tensor as imported_all_gather_into_tensor
+from torch.distributed import all_reduce as imported_all_reduce
+from torch.distributed import broadcast as imported_broadcast
+from torch.distributed import reduce_scatter_tensor as imported_reduce_scatter_tensor
+from torch.distributed.distributed_c10d import _get_default_group
+
+
+def _group():
+    return _get_default_group()
 
 
 # 10.zero1_step: wrong answers ---------------------------------------------------------------
@@ -34,9 +44,110 @@ def forgets_the_step(params, owners, local_optimizer):
 
 def reduces_again(params, owners, local_optimizer):
     for p in params:
-        dist.all_reduce(p.grad)
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
     if local_optimizer is not None:
         local_optimizer.step()
+
+
+def _broadcast_all(params, owners):
+    for p, owner in zip(params, owners):
+        dist.broadcast(p.data, src=owner)
+
+
+def steps_without_asking(params, owners, local_optimizer):
+    local_optimizer.step()  # a rank that owns nothing has None here
+    _broadcast_all(params, owners)
+
+
+def reduces_with_an_imported_name(params, owners, local_optimizer):
+    for p in params:
+        if p.grad is not None:
+            imported_all_reduce(p.grad)
+    if local_optimizer is not None:
+        local_optimizer.step()
+    _broadcast_all(params, owners)
+
+
+def reduces_with_the_group_method(params, owners, local_optimizer):
+    for p in params:
+        if p.grad is not None:
+            _group().allreduce([p.grad]).wait()
+    if local_optimizer is not None:
+        local_optimizer.step()
+    _broadcast_all(params, owners)
+
+
+def reduces_with_a_functional_collective(params, owners, local_optimizer):
+    for p in params:
+        if p.grad is not None:
+            p.grad = fc.all_reduce(p.grad, "sum", dist.group.WORLD) / dist.get_world_size()
+    if local_optimizer is not None:
+        local_optimizer.step()
+    _broadcast_all(params, owners)
+
+
+def gathers_every_copy(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    copies = [None] * dist.get_world_size()
+    dist.all_gather_object(copies, [p.detach() for p in params])
+    for k, (p, owner) in enumerate(zip(params, owners)):
+        p.data.copy_(copies[owner][k])
+
+
+def broadcasts_in_bfloat16(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    for p, owner in zip(params, owners):
+        half = p.data.to(torch.bfloat16)
+        dist.broadcast(half, src=owner)
+        p.data.copy_(half)
+
+
+_FULL_OPTIMIZERS = {}
+
+
+def keeps_a_full_optimizer(params, owners, local_optimizer):
+    """Every rank steps every parameter with an Adam of its own: right values, no
+    communication, and the whole optimizer state on every rank (what ZeRO-1 removes)."""
+    key = tuple(id(p) for p in params)
+    if key not in _FULL_OPTIMIZERS:
+        _FULL_OPTIMIZERS[key] = torch.optim.Adam(params, lr=0.1)
+    _FULL_OPTIMIZERS[key].step()
+
+
+def only_owners_broadcast(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    for p, owner in zip(params, owners):
+        if dist.get_rank() == owner:
+            dist.broadcast(p.data, src=owner)
+
+
+# 10.zero1_step: right answers that differ from the reference --------------------------------
+
+def broadcasts_with_an_imported_name(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    for p, owner in zip(params, owners):
+        imported_broadcast(p.data, src=owner)
+
+
+def broadcasts_with_the_group_method(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    for p, owner in zip(params, owners):
+        _group().broadcast(p.data, owner).wait()
+
+
+def broadcasts_asynchronously_skipping_the_untouched(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    works = [dist.broadcast(p.data, src=owner, async_op=True)
+             for p, owner in zip(params, owners) if p.grad is not None]
+    for work in works:
+        work.wait()
 
 
 # 10.shard_gradient: wrong answers -----------------------------------------------------------
@@ -69,6 +180,130 @@ def all_reduce_then_slice(g):
     return flat.chunk(dist.get_world_size())[dist.get_rank()] / dist.get_world_size()
 
 
+def _mine(total):
+    world = dist.get_world_size()
+    return total.chunk(world)[dist.get_rank()] / world
+
+
+def broadcasts_every_gradient(g):
+    flat, total = _padded(g), torch.zeros_like(_padded(g))
+    for src in range(dist.get_world_size()):
+        theirs = flat.clone()
+        dist.broadcast(theirs, src=src)
+        total += theirs
+    return _mine(total)
+
+
+def sends_the_whole_gradient_everywhere(g):
+    flat, rank, world = _padded(g), dist.get_rank(), dist.get_world_size()
+    others = [r for r in range(world) if r != rank]
+    inbox = {r: torch.empty_like(flat) for r in others}
+    works = [dist.isend(flat, dst=r) for r in others] + [dist.irecv(inbox[r], src=r) for r in others]
+    for work in works:
+        work.wait()
+    return _mine(flat + sum(inbox.values(), torch.zeros_like(flat)))
+
+
+def all_to_all_of_whole_copies(g):
+    flat, world = _padded(g), dist.get_world_size()
+    inbox = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_to_all(inbox, [flat.clone() for _ in range(world)])
+    return _mine(torch.stack(inbox).sum(0))
+
+
+def gathers_then_scatters(g):
+    flat, world = _padded(g), dist.get_world_size()
+    parts = [torch.empty_like(flat) for _ in range(world)] if dist.get_rank() == 0 else None
+    dist.gather(flat, parts, dst=0)
+    shard = torch.empty(flat.numel() // world)
+    chunks = list(torch.stack(parts).sum(0).chunk(world)) if parts else None
+    dist.scatter(shard, chunks, src=0)
+    return shard / world
+
+
+def all_reduce_with_an_imported_name(g):
+    flat = _padded(g)
+    imported_all_reduce(flat)
+    return _mine(flat)
+
+
+def all_reduce_with_the_group_method(g):
+    flat = _padded(g)
+    _group().allreduce([flat]).wait()
+    return _mine(flat)
+
+
+def all_reduce_as_a_functional_collective(g):
+    return _mine(fc.all_reduce(_padded(g), "sum", dist.group.WORLD))
+
+
+def all_gather_with_an_imported_name(g):
+    flat, world = _padded(g), dist.get_world_size()
+    every = torch.empty(world * flat.numel())
+    imported_all_gather_into_tensor(every, flat)
+    return _mine(every.view(world, -1).sum(0))
+
+
+def all_gather_through_distributed_c10d(g):
+    flat, world = _padded(g), dist.get_world_size()
+    every = [torch.empty_like(flat) for _ in range(world)]
+    dist.distributed_c10d.all_gather(every, flat)
+    return _mine(torch.stack(every).sum(0))
+
+
+def reduce_scatters_in_half_precision(g):
+    flat = _padded(g).half()
+    shard = torch.empty(flat.numel() // dist.get_world_size(), dtype=torch.float16)
+    dist.reduce_scatter_tensor(shard, flat)
+    return shard.float() / dist.get_world_size()
+
+
+# 10.shard_gradient: right answers that differ from the reference ----------------------------
+
+def _empty_shard(flat):
+    return torch.empty(flat.numel() // dist.get_world_size(), dtype=flat.dtype)
+
+
+def reduce_scatter_averaging(g):
+    flat = _padded(g)
+    shard = _empty_shard(flat)
+    dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)  # gloo: SUM, then divide
+    return shard
+
+
+def reduce_scatter_with_an_imported_name(g):
+    flat = _padded(g)
+    shard = _empty_shard(flat)
+    imported_reduce_scatter_tensor(shard, flat)
+    return shard / dist.get_world_size()
+
+
+def reduce_scatter_with_the_group_method(g):
+    flat = _padded(g)
+    shard = _empty_shard(flat)
+    _group()._reduce_scatter_base(shard, flat).wait()
+    return shard / dist.get_world_size()
+
+
+def reduce_scatter_of_a_list(g):
+    flat = _padded(g)
+    shard = _empty_shard(flat)
+    dist.reduce_scatter(shard, list(flat.chunk(dist.get_world_size())))
+    return shard / dist.get_world_size()
+
+
+def all_to_all_then_sum(g):
+    flat, world = _padded(g), dist.get_world_size()
+    inbox = torch.empty_like(flat)
+    dist.all_to_all_single(inbox, flat)  # part j of every rank arrives at rank j
+    return inbox.view(world, -1).sum(0) / world
+
+
+def reduce_scatter_as_a_functional_collective(g):
+    shard = fc.reduce_scatter_tensor(_padded(g), "sum", 0, dist.group.WORLD)
+    return shard / dist.get_world_size()
+
+
 # 11.row_parallel: wrong answers -------------------------------------------------------------
 
 def partial_only(x_slice, weight_slice, bias):
@@ -95,18 +330,150 @@ def averaged(x_slice, weight_slice, bias):
     return partial / dist.get_world_size() + bias
 
 
+def all_reduces_in_place(x_slice, weight_slice, bias):
+    partial = x_slice @ weight_slice.T
+    dist.all_reduce(partial)  # on a tensor autograd tracks: autograd never sees it
+    return partial + bias
+
+
+def all_reduces_in_place_with_an_imported_name(x_slice, weight_slice, bias):
+    partial = x_slice @ weight_slice.T
+    imported_all_reduce(partial)
+    return partial + bias
+
+
+def all_reduces_in_place_with_the_group_method(x_slice, weight_slice, bias):
+    partial = x_slice @ weight_slice.T
+    _group().allreduce([partial]).wait()
+    return partial + bias
+
+
+def all_reduces_as_a_functional_collective(x_slice, weight_slice, bias):
+    return fc.all_reduce(x_slice @ weight_slice.T, "sum", dist.group.WORLD) + bias
+
+
+def _sum_into_graph(partial, total):
+    return partial + (total - partial).detach()
+
+
+def gathers_the_partial_products(x_slice, weight_slice, bias):
+    partial = x_slice @ weight_slice.T
+    every = [torch.empty_like(partial) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, partial.detach())
+    return _sum_into_graph(partial, torch.stack(every).sum(0)) + bias
+
+
+class _AveragedBackward(torch.autograd.Function):
+    """All-reduce in forward; in backward an all-reduce of the gradient, then / n: the
+    right numbers, at the cost of a collective that the backward does not need."""
+
+    @staticmethod
+    def forward(ctx, partial):
+        total = partial.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad / dist.get_world_size()
+
+
+def reduces_the_gradient_too(x_slice, weight_slice, bias):
+    return _AveragedBackward.apply(x_slice @ weight_slice.T) + bias
+
+
+def uses_the_scratch_g(x_slice, weight_slice, bias):
+    from ddp_lab.scratch.tensor_parallel import _ReduceFromParallel
+    return _ReduceFromParallel.apply(x_slice @ weight_slice.T, None) + bias
+
+
+# 11.row_parallel: right answers that differ from the reference ------------------------------
+
+class _G(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, partial):
+        total = partial.clone()
+        imported_all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def autograd_function_with_an_imported_name(x_slice, weight_slice, bias):
+    return _G.apply(x_slice @ weight_slice.T) + bias
+
+
+def detached_copy_with_the_group_method(x_slice, weight_slice, bias):
+    partial = x_slice @ weight_slice.T
+    total = partial.detach().clone()
+    _group().allreduce([total]).wait()
+    return _sum_into_graph(partial, total) + bias
+
+
+def detached_copy_as_a_functional_collective(x_slice, weight_slice, bias):
+    partial = x_slice @ weight_slice.T
+    total = fc.all_reduce(partial.detach(), "sum", dist.group.WORLD)
+    return _sum_into_graph(partial, total) + bias
+
+
+SWITCHED_OFF = r"dist\.{} is switched off in this exercise, in every form"
+
 MUTANTS = [
     ("10.zero1_step", no_broadcast, re.escape("still holds its old value")),
-    ("10.zero1_step", broadcast_from_rank0, re.escape("src=owners[i]")),
-    ("10.zero1_step", forgets_the_step, re.escape("call local_optimizer.step()")),
-    ("10.zero1_step", reduces_again, re.escape("dist.all_reduce is switched off")),
+    ("10.zero1_step", broadcast_from_rank0, re.escape("comes from its owner, not from rank 0")),
+    ("10.zero1_step", forgets_the_step, re.escape("must run its local optimizer")),
+    ("10.zero1_step", reduces_again, SWITCHED_OFF.format("all_reduce")),
+    ("10.zero1_step", steps_without_asking, re.escape("owns no parameter here")),
+    ("10.zero1_step", reduces_with_an_imported_name, SWITCHED_OFF.format("all_reduce")),
+    ("10.zero1_step", reduces_with_the_group_method, SWITCHED_OFF.format("all_reduce")),
+    ("10.zero1_step", reduces_with_a_functional_collective, SWITCHED_OFF.format("all_reduce")),
+    ("10.zero1_step", gathers_every_copy, re.escape("one broadcast per parameter from its owner")),
+    ("10.zero1_step", broadcasts_in_bfloat16, re.escape("travelled as torch.bfloat16")),
+    ("10.zero1_step", keeps_a_full_optimizer, re.escape("which is what ZeRO-1 removes")),
+    ("10.zero1_step", only_owners_broadcast, re.escape("your function hung")),
     ("10.shard_gradient", sums_instead_of_averaging, re.escape("divide by the world size")),
     ("10.shard_gradient", keeps_own_gradient, re.escape("never reduced across the ranks")),
     ("10.shard_gradient", forgets_padding, re.escape("raised RuntimeError")),
-    ("10.shard_gradient", all_reduce_then_slice, re.escape("use dist.reduce_scatter_tensor")),
+    ("10.shard_gradient", all_reduce_then_slice, SWITCHED_OFF.format("all_reduce")),
+    ("10.shard_gradient", broadcasts_every_gradient, re.escape("broadcast): one reduce-scatter")),
+    ("10.shard_gradient", sends_the_whole_gradient_everywhere, re.escape("not every rank's whole")),
+    ("10.shard_gradient", all_to_all_of_whole_copies, re.escape("not every rank's whole")),
+    ("10.shard_gradient", gathers_then_scatters, re.escape("1 gather, 1 scatter)")),
+    ("10.shard_gradient", all_reduce_with_an_imported_name, SWITCHED_OFF.format("all_reduce")),
+    ("10.shard_gradient", all_reduce_with_the_group_method, SWITCHED_OFF.format("all_reduce")),
+    ("10.shard_gradient", all_reduce_as_a_functional_collective, SWITCHED_OFF.format("all_reduce")),
+    ("10.shard_gradient", all_gather_with_an_imported_name, SWITCHED_OFF.format("all_gather")),
+    ("10.shard_gradient", all_gather_through_distributed_c10d, SWITCHED_OFF.format("all_gather")),
+    ("10.shard_gradient", reduce_scatters_in_half_precision, re.escape("travelled as torch.float16")),
     ("11.row_parallel", partial_only, re.escape("all-reduce (sum) it")),
     ("11.row_parallel", bias_on_every_rank, re.escape("add it once")),
     ("11.row_parallel", gradients_summed_again, re.escape("backward is the identity")),
     ("11.row_parallel", detached_sum, re.escape("no gradient reached")),
     ("11.row_parallel", averaged, re.escape("their sum")),
+    ("11.row_parallel", all_reduces_in_place, re.escape("ran in place on a tensor that autograd tracks")),
+    ("11.row_parallel", all_reduces_in_place_with_an_imported_name, re.escape("c10d::allreduce_ ran in place")),
+    ("11.row_parallel", all_reduces_in_place_with_the_group_method, re.escape("c10d::allreduce_ ran in place")),
+    ("11.row_parallel", all_reduces_as_a_functional_collective, re.escape("backward is the identity")),
+    ("11.row_parallel", gathers_the_partial_products, re.escape("one all-reduce of the output sends")),
+    ("11.row_parallel", reduces_the_gradient_too, re.escape("the row-parallel layer's backward needs none")),
+    ("11.row_parallel", uses_the_scratch_g, re.escape("_ReduceFromParallel is switched off")),
+]
+
+RIGHT = [
+    ("10.zero1_step", broadcasts_with_an_imported_name),
+    ("10.zero1_step", broadcasts_with_the_group_method),
+    ("10.zero1_step", broadcasts_asynchronously_skipping_the_untouched),
+    ("10.shard_gradient", reduce_scatter_averaging),
+    ("10.shard_gradient", reduce_scatter_with_an_imported_name),
+    ("10.shard_gradient", reduce_scatter_with_the_group_method),
+    ("10.shard_gradient", reduce_scatter_of_a_list),
+    ("10.shard_gradient", all_to_all_then_sum),
+    ("10.shard_gradient", reduce_scatter_as_a_functional_collective),
+    ("11.row_parallel", autograd_function_with_an_imported_name),
+    ("11.row_parallel", detached_copy_with_the_group_method),
+    ("11.row_parallel", detached_copy_as_a_functional_collective),
 ]

@@ -9,6 +9,11 @@ import re
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from torch.distributed import all_reduce as imported_all_reduce
+from torch.distributed.distributed_c10d import _get_default_group
+
+from ddp_lab.course.ch11_meshes.pipeline import bubble as imported_bubble
 
 
 def _reduced(value: float, op=dist.ReduceOp.SUM, dtype=torch.float64) -> float:
@@ -49,11 +54,79 @@ def formula_instead(spans):
     return (p - 1) / (m + p - 1)
 
 
+def returns_a_tensor(spans):
+    start = torch.tensor([min(s for _, s, _ in spans)], dtype=torch.float64)
+    end = torch.tensor([max(e for _, _, e in spans)], dtype=torch.float64)
+    busy = torch.tensor([sum(e - s for _, s, e in spans)], dtype=torch.float64)
+    dist.all_reduce(start, op=dist.ReduceOp.MIN)
+    dist.all_reduce(end, op=dist.ReduceOp.MAX)
+    dist.all_reduce(busy)
+    return 1 - busy / (dist.get_world_size() * (end - start))
+
+
+def gathers_and_calls_the_course_helper(spans):
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, spans)
+    return imported_bubble(every)
+
+
+# Right answers that differ from the reference -----------------------------------------------
+
+def _three(spans):
+    return (torch.tensor([min(s for _, s, _ in spans)], dtype=torch.float64),
+            torch.tensor([max(e for _, _, e in spans)], dtype=torch.float64),
+            torch.tensor([sum(e - s for _, s, e in spans)], dtype=torch.float64))
+
+
+def with_imported_names_and_an_average(spans):
+    start, end, busy = _three(spans)
+    imported_all_reduce(start, op=dist.ReduceOp.MIN)
+    imported_all_reduce(end, op=dist.ReduceOp.MAX)
+    imported_all_reduce(busy, op=dist.ReduceOp.AVG)  # gloo: SUM, then divide by the size
+    return 1 - busy.item() / (end.item() - start.item())
+
+
+def with_the_group_method(spans):
+    start, end, busy = _three(spans)
+    for tensor, op in ((start, dist.ReduceOp.MIN), (end, dist.ReduceOp.MAX),
+                       (busy, dist.ReduceOp.SUM)):
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        _get_default_group().allreduce([tensor], options).wait()
+    return 1 - busy.item() / (dist.get_world_size() * (end.item() - start.item()))
+
+
+def with_functional_collectives(spans):
+    start, end, busy = _three(spans)
+    group = dist.group.WORLD
+    start, end = fc.all_reduce(start, "min", group), fc.all_reduce(end, "max", group)
+    busy = fc.all_reduce(busy, "sum", group)
+    return 1 - busy.item() / (dist.get_world_size() * (end.item() - start.item()))
+
+
+def gathers_every_span(spans):
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, spans)
+    flat = [span for rank_spans in every for span in rank_spans]
+    window = max(e for _, _, e in flat) - min(s for _, s, _ in flat)
+    return 1 - sum(e - s for _, s, e in flat) / (len(every) * window)
+
+
+RIGHT = [("11b.interleaved_bubble", answer) for answer in (
+    with_imported_names_and_an_average, with_the_group_method, with_functional_collectives,
+    gathers_every_span)]
+
+
 MUTANTS = [
     ("11b.interleaved_bubble", own_share_only, re.escape("this rank's own idle share")),
     ("11b.interleaved_bubble", averages_own_shares, re.escape("over its own first-to-last span")),
-    ("11b.interleaved_bubble", window_not_times_ranks, re.escape("world_size x (last end - first start)")),
-    ("11b.interleaved_bubble", own_windows_summed, re.escape("use the earliest start and the latest end")),
+    ("11b.interleaved_bubble", window_not_times_ranks,
+     re.escape("world_size x (last end - first start)")),
+    ("11b.interleaved_bubble", own_windows_summed,
+     re.escape("use the earliest start and the latest end")),
     ("11b.interleaved_bubble", times_in_float32, re.escape("dtype=torch.float64")),
     ("11b.interleaved_bubble", formula_instead, re.escape("1 - busy / (world_size x window)")),
+    ("11b.interleaved_bubble", returns_a_tensor, re.escape("got a tensor")),
+    ("11b.interleaved_bubble", gathers_and_calls_the_course_helper,
+     re.escape("pipeline.bubble is switched off in this exercise, however it is imported")),
 ]

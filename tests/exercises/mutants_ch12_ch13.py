@@ -5,7 +5,17 @@ checks every one with a single parametrized test. Data and functions only, no te
 
 from __future__ import annotations
 
+import re
+
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+from torch import exp, maximum
+from torch.distributed import all_to_all_single as imported_all_to_all_single
+from torch.distributed.distributed_c10d import _get_default_group
+
+from ddp_lab.scratch.moe import dispatch as imported_dispatch
+from ddp_lab.scratch.ring_attention import online_softmax_step as imported_step
 
 
 # 12.online_softmax: wrong answers -----------------------------------------------------------
@@ -41,7 +51,50 @@ def block_max_only(acc, m, l, scores, v):
     return acc + p @ v, m_new, l + p.sum(-1)
 
 
+def calls_the_scratch_step(acc, m, l, scores, v):
+    return imported_step(acc, m, l, scores, v)
+
+
+def one_maximum_for_the_block(acc, m, l, scores, v):
+    m_new = torch.maximum(m, scores.max())  # one number for every row, not each row's own
+    p = torch.exp(scores - m_new[..., None])
+    correction = torch.exp(m - m_new)
+    return acc * correction[..., None] + p @ v, m_new, l * correction + p.sum(-1)
+
+
+def returns_the_output_only(acc, m, l, scores, v):
+    m_new = torch.maximum(m, scores.amax(-1))
+    p = torch.exp(scores - m_new[..., None])
+    correction = torch.exp(m - m_new)
+    return acc * correction[..., None] + p @ v, l * correction + p.sum(-1)
+
+
+# 12.online_softmax: right answers that differ from the reference ----------------------------
+
+def with_imported_torch_names(acc, m, l, scores, v):
+    m_new = maximum(m, scores.amax(-1))
+    p = exp(scores - m_new[..., None])
+    correction = exp(m - m_new)
+    return acc * correction[..., None] + p @ v, m_new, l * correction + p.sum(-1)
+
+
+def with_an_explicit_first_block(acc, m, l, scores, v):
+    m_new = torch.maximum(m, scores.amax(-1))
+    p = torch.exp(scores - m_new[..., None])
+    correction = torch.where(torch.isinf(m), torch.zeros_like(m), torch.exp(m - m_new))
+    return torch.addcmul(p @ v, acc, correction[..., None]), m_new, torch.addcmul(
+        p.sum(-1), l, correction)
+
+
+RIGHT = [("12.online_softmax", with_imported_torch_names),
+         ("12.online_softmax", with_an_explicit_first_block)]
+
+
 MUTANTS = [
+    ("12.online_softmax", calls_the_scratch_step, re.escape("online_softmax_step is switched "
+                                                            "off in this exercise, however")),
+    ("12.online_softmax", one_maximum_for_the_block, re.escape("each row's own running maximum")),
+    ("12.online_softmax", returns_the_output_only, re.escape("must return (acc, m, l)")),
     ("12.online_softmax", forgets_to_rescale_acc, r"rescale the old acc by exp\(m_old - m_new\)"),
     ("12.online_softmax", forgets_to_rescale_l, r"old sum l\s+must be rescaled"),
     ("12.online_softmax", no_running_max, r"overflows\. Subtract the running maximum"),
@@ -77,8 +130,92 @@ def sorts_by_expert(rows, counts):
     return arrived[torch.argsort(expert, stable=True)], got
 
 
+def pads_every_block_to_the_largest(rows, counts):
+    world, width = counts.shape[0], rows.shape[1]
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    block = torch.tensor([int(counts.sum(1).max())])
+    dist.all_reduce(block, op=dist.ReduceOp.MAX)
+    size, sent = int(block), counts.sum(1).tolist()
+    padded = rows.new_zeros((world * size, width))
+    for j, piece in enumerate(rows.split(sent)):
+        padded[j * size:j * size + len(piece)] = piece
+    inbox = torch.empty_like(padded)
+    dist.all_to_all_single(inbox, padded)
+    kept = [inbox[j * size:j * size + int(got[j].sum())] for j in range(world)]
+    return torch.cat(kept), got
+
+
+def sends_every_row_everywhere(rows, counts):
+    mine = (rows, counts)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    rank = dist.get_rank()
+    arrived = [r[int(c[:rank].sum()):int(c[:rank + 1].sum())] for r, c in every]
+    return torch.cat(arrived), torch.stack([c[rank] for _, c in every])
+
+
+def dispatches_with_the_scratch_code(rows, counts):
+    return imported_dispatch(rows, counts)
+
+
+def moves_the_rows_in_half_precision(rows, counts):
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    half = rows.half().new_empty((int(got.sum()), rows.shape[1]))
+    dist.all_to_all_single(half, rows.half(), got.sum(1).tolist(), counts.sum(1).tolist())
+    return half.float(), got
+
+
+# 13.dispatch: right answers that differ from the reference ----------------------------------
+
+def with_imported_names(rows, counts):
+    got = torch.empty_like(counts)
+    imported_all_to_all_single(got, counts)
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    imported_all_to_all_single(arrived, rows, got.sum(1).tolist(), counts.sum(1).tolist())
+    return arrived, got
+
+
+def gathers_the_counts_then_lists(rows, counts):
+    world, rank = counts.shape[0], dist.get_rank()
+    every = torch.empty((world * world, counts.shape[1]), dtype=counts.dtype)
+    dist.all_gather_into_tensor(every, counts)  # gloo wants the ranks' tensors end to end
+    got = every.view(world, world, -1)[:, rank]
+    inbox = [rows.new_empty((int(n), rows.shape[1])) for n in got.sum(1)]
+    dist.all_to_all(inbox, list(rows.split(counts.sum(1).tolist())))
+    return torch.cat(inbox), got
+
+
+def with_the_group_method(rows, counts):
+    group = _get_default_group()
+    got = torch.empty_like(counts)
+    group.alltoall_base(got, counts, [], [], dist.AllToAllOptions()).wait()
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    group.alltoall_base(arrived, rows, got.sum(1).tolist(), counts.sum(1).tolist(),
+                        dist.AllToAllOptions()).wait()
+    return arrived, got
+
+
+def with_functional_collectives(rows, counts):
+    group = dist.group.WORLD
+    got = fc.all_to_all_single(counts, None, None, group).wait()
+    arrived = fc.all_to_all_single(rows, got.sum(1).tolist(), counts.sum(1).tolist(), group)
+    return arrived.wait(), got
+
+
+RIGHT += [("13.dispatch", answer) for answer in (
+    with_imported_names, gathers_the_counts_then_lists, with_the_group_method,
+    with_functional_collectives)]
+
+
 MUTANTS += [
     ("13.dispatch", keeps_its_own_rows, r"this rank's own rows"),
     ("13.dispatch", returns_the_counts_it_sent, r"got is what this rank sent"),
     ("13.dispatch", sorts_by_expert, r"right rows in the wrong order"),
+    ("13.dispatch", pads_every_block_to_the_largest, re.escape("no padding to the largest")),
+    ("13.dispatch", sends_every_row_everywhere, re.escape("each row travels once")),
+    ("13.dispatch", dispatches_with_the_scratch_code,
+     re.escape("scratch.moe.dispatch is switched off in this exercise, however it is imported")),
+    ("13.dispatch", moves_the_rows_in_half_precision, re.escape("travelled as torch.float16")),
 ]

@@ -4,21 +4,33 @@ Each rank holds a slice of the input's features and the matching columns of the 
 full output is the sum of the ranks' partial products plus the bias, on every rank, and the
 gradients must reach each rank's slices. The check runs the learner's function on 1 to 4
 ranks with random sizes, the row-parallel layers of torch and of ``ddp_lab.scratch``
-switched off, and compares the output and every gradient with one unsharded Linear.
+switched off (on their classes, which every imported name shares), runs the backward and
+compares the output and every gradient with one unsharded Linear. Then what the text asks
+of the layer: one all-reduce's worth of bytes in forward and nothing in backward (counted by
+CollectiveTrace, however the collective is reached), and no collective run in place on a
+tensor of autograd's graph: autograd cannot see ``c10d::allreduce_`` (it has no autograd
+kernel), so its backward only works through torch's deprecated fallback, which warns
+"an autograd kernel was not registered to the Autograd key(s)"
+(torch/csrc/autograd/autograd_not_implemented_fallback.cpp; the default fallback mode,
+``torch._C._get_autograd_fallback_mode()``, is "warn" in torch 2.13).
 """
 
 from __future__ import annotations
+
+import contextlib
+import warnings
 
 import torch
 import torch.distributed as dist
 
 from ddp_lab import scratch
+from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
-# Ranks import torch's distributed optim/tensor packages first: seconds each on a busy laptop.
-CHECK_TIMEOUT = 60.0
+COST_TOLERANCE = 1.25  # the reference's forward moves exactly one all-reduce of the output
+FALLBACK_WARNING = "an autograd kernel was not registered"
 
 
 def row_parallel_linear(x_slice, weight_slice, bias):
@@ -31,8 +43,12 @@ def row_parallel_linear(x_slice, weight_slice, bias):
 
 
 def _problem_inputs(seed: int, world: int):
+    """Random sizes; fewer output features than input ones (as in a real MLP's second
+    layer), so that gathering the inputs or the partial products costs more than the
+    all-reduce of the output."""
     g = generator(seed)
-    batch, per_rank, out = (int(v) for v in torch.randint(2, 6, (3,), generator=g))
+    batch, per_rank = (int(v) for v in torch.randint(2, 6, (2,), generator=g))
+    per_rank, out = per_rank + 1, int(torch.randint(2, 5, (1,), generator=g))
     x = torch.randn(batch, per_rank * world, generator=g)
     weight = torch.randn(out, per_rank * world, generator=g)
     bias = torch.randn(out, generator=g)
@@ -46,19 +62,40 @@ def _row_trial(fn, seed: int) -> dict:
     x_slice = x.chunk(world, dim=1)[rank].clone().requires_grad_()
     w_slice = weight.chunk(world, dim=1)[rank].clone().requires_grad_()
     b = bias.clone().requires_grad_()
-    why = "write the row-parallel layer yourself from x_slice @ weight_slice.T and an all-reduce"
-    with replaced(scratch.RowParallelLinear, "forward", refusing("scratch.RowParallelLinear", why)):
-        with _no_rowwise_parallel(why):
+    with _no_row_parallel_layers(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with CollectiveTrace() as forward:
             out = fn(x_slice, w_slice, b)
+        with CollectiveTrace() as backward:
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 (out * upstream).sum().backward()
     return {"out": out.detach() if isinstance(out, torch.Tensor) else out,
-            "x_grad": x_slice.grad, "w_grad": w_slice.grad, "b_grad": b.grad}
+            "x_grad": x_slice.grad, "w_grad": w_slice.grad, "b_grad": b.grad,
+            "forward": _sent(forward), "backward": _sent(backward),
+            "bypassed": sorted({str(w.message).split(": ")[0] for w in caught
+                                if FALLBACK_WARNING in str(w.message)})}
 
 
-def _no_rowwise_parallel(why: str):
-    from torch.distributed.tensor import parallel
-    return replaced(parallel, "RowwiseParallel", refusing("RowwiseParallel", why))
+def _sent(trace: CollectiveTrace) -> tuple[float, dict]:
+    """Bytes this rank sent (a ring's share, list forms counted whole), and the families."""
+    sent = sum(c.bytes_per_rank * c.whole_nbytes / c.nbytes
+               for c in trace.moving_data() if c.nbytes)
+    return sent, trace.family_counts()
+
+
+def _no_row_parallel_layers() -> contextlib.ExitStack:
+    """torch's RowwiseParallel, the scratch layer and its autograd function *g* refuse,
+    patched on their classes, so that a name imported at the top of a notebook refuses too."""
+    from torch.distributed.tensor.parallel import RowwiseParallel
+    why = "write the row-parallel layer yourself from x_slice @ weight_slice.T and an all-reduce"
+    stack = contextlib.ExitStack()
+    for cls, name, label in ((scratch.RowParallelLinear, "forward", "scratch.RowParallelLinear"),
+                             (RowwiseParallel, "__init__", "RowwiseParallel")):
+        stack.enter_context(replaced(cls, name, refusing(label, why)))
+    g = scratch.tensor_parallel._ReduceFromParallel
+    stack.enter_context(replaced(g, "forward", staticmethod(refusing(
+        "scratch.tensor_parallel._ReduceFromParallel", why))))
+    return stack
 
 
 def _expected(seed: int, world: int) -> dict:
@@ -73,7 +110,8 @@ def _expected(seed: int, world: int) -> dict:
 
 
 def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and torch.allclose(a, b, rtol=1e-4, atol=1e-5))
 
 
 def _forward_problem(got, want: dict, rank: int, n: int) -> str | None:
@@ -103,8 +141,37 @@ def _backward_problem(got: dict, want: dict, rank: int, n: int) -> str | None:
         if n > 1 and _close(mine, expected * n):
             return (f"the gradient of {name} is {n}x too large: in backward every rank already "
                     "has the full output gradient, so the all-reduce's backward is the identity "
-                    "(torch.distributed.nn.all_reduce sums the gradients again)")
+                    "(torch.distributed.nn's all_reduce, and the functional all_reduce, "
+                    "whose backward is an all-reduce, sum the gradients again)")
         return f"the gradient of {name} differs from the unsharded Linear's"
+    return None
+
+
+def _graph_problem(got: dict) -> str | None:
+    if got["bypassed"]:
+        return (f"{', '.join(got['bypassed'])} ran in place on a tensor that autograd "
+                "tracks (torch warned that it has no autograd kernel): autograd cannot see "
+                "a c10d collective, so the gradient is right only through a deprecated "
+                "fallback that torch will remove, and by luck. All-reduce a detached copy "
+                "and connect the sum to the graph yourself, or wrap the all-reduce in an "
+                "autograd.Function whose backward you write")
+    return None
+
+
+def _cost_problem(got: dict, want: dict, n: int) -> str | None:
+    """Forward: at most one all-reduce of the output (2 (n-1)/n of its bytes per rank);
+    backward: nothing, every rank already holds the whole output gradient."""
+    sent, made = got["backward"]
+    if sent > 0:
+        return (f"the backward made collectives ({made}, {sent:.0f} bytes from this rank): "
+                "the row-parallel layer's backward needs none, since every rank already "
+                "holds the whole output gradient and its slices' gradients follow locally")
+    sent, made = got["forward"]
+    budget = 2 * (n - 1) / n * want["out"].numel() * want["out"].element_size()
+    if sent > COST_TOLERANCE * budget:
+        return (f"the forward sent {sent:.0f} bytes from this rank ({made}); one all-reduce "
+                f"of the output sends {budget:.0f}: the ranks need only the sum of their "
+                "partial products, not each other's inputs, weights or partial products")
     return None
 
 
@@ -113,21 +180,33 @@ def check_row_parallel(fn) -> str:
     for n in WORLD_SIZES:
         on = where(n, seed)
         want = _expected(seed, n)
-        values = run_ranks(_row_trial, n, (fn, seed), where=on, timeout=CHECK_TIMEOUT,
+        values = run_ranks(_row_trial, n, (fn, seed), where=on, timeout=HANG_S,
                            hang_hint="Every rank must make the same all-reduce.")
         for rank, got in enumerate(values):
-            problem = _forward_problem(got["out"], want, rank, n) or _backward_problem(got, want, rank, n)
+            problem = (_forward_problem(got["out"], want, rank, n)
+                       or _backward_problem(got, want, rank, n)
+                       or (_graph_problem(got) or _cost_problem(got, want, n) if n > 1 else None))
             if problem:
                 raise ExerciseFailed(f"{on}, rank {rank}: {problem}")
-    return f"output and every gradient equal an unsharded Linear on 1 to 4 ranks (seed {seed})"
+    return (f"output and every gradient equal an unsharded Linear on 1 to 4 ranks, one "
+            f"all-reduce's bytes in forward, none in backward (seed {seed})")
 
 
 EXERCISES = (
     Exercise(
         name="11.row_parallel", notebook="11_device_meshes",
         summary="row_parallel_linear(x_slice, weight_slice, bias): full output, gradients to the slices",
-        hint="partial = x_slice @ weight_slice.T; all-reduce a detached copy; return a tensor whose "
-             "value is the sum and whose gradient flows to partial unchanged, plus the bias once.",
+        hint="Each rank's x_slice @ weight_slice.T is one term of x @ W.T; the ranks need "
+             "their sum, and the bias once. For the backward, ask what gradient the sum "
+             "should pass to each term, and keep autograd's graph connected: autograd does "
+             "not see a collective run on a tensor it tracks.",
+        recipe="1. partial = x_slice @ weight_slice.T (autograd tracks it).\n2. total = "
+               "partial.detach().clone(); dist.all_reduce(total): the sum, outside the "
+               "graph.\n3. out = partial + (total - partial).detach(): its value is the "
+               "sum, its gradient reaches partial unchanged (the identity: every rank already "
+               "has the whole output gradient).\n4. return out + bias (once, after the "
+               "sum). A torch.autograd.Function with the all-reduce in forward and "
+               "`return grad` in backward does the same.",
         solution=row_parallel_linear, checker=check_row_parallel,
         answered_by=("ddp_lab.scratch.tensor_parallel:_ReduceFromParallel",
                      "ddp_lab.scratch.tensor_parallel:RowParallelLinear.forward")),

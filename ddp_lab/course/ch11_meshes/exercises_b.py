@@ -5,7 +5,9 @@ Each rank holds only its own spans ``(label, start, end)`` (seconds on ``time.ti
 clock, two virtual stages' steps mixed). The bubble is the pipeline's idle share: 1 minus
 all ranks' busy time over ``world_size x (last end anywhere - first start anywhere)``, the
 same number on every rank. The check draws pipeline-shaped timelines on 1 to 4 ranks, with
-the course's own ``bubble`` helper switched off, and compares every rank's answer.
+the course's own ``bubble`` helper switched off however it is imported, and compares every
+rank's answer (a Python float); on 2+ ranks the answer must have come from collectives
+(CollectiveTrace sees them in every form), since no rank knows the others' spans.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.ch11_meshes import pipeline
-from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.exercises.builtins_off import refused_everywhere
+from ddp_lab.exercises.driver import (HANG_S, WORLD_SIZES, generator, new_seed, number_problem,
+                                      run_ranks, where)
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
-CHECK_TIMEOUT = 30.0
 TOLERANCE = 1e-6
 
 
@@ -54,11 +57,13 @@ def timelines(seed: int, world: int) -> list[list]:
     return out
 
 
-def _trial(fn, seed: int):
+def _trial(fn, seed: int) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     why = "measure the bubble yourself, from every rank's spans and a few collectives"
-    with replaced(pipeline, "bubble", refusing("pipeline.bubble", why)):
-        return fn(list(timelines(seed, world)[rank]))
+    spans = list(timelines(seed, world)[rank])
+    with refused_everywhere(pipeline.bubble, "pipeline.bubble", why), CollectiveTrace() as trace:
+        got = fn(spans)
+    return {"got": got, "collectives": len(trace.moving_data())}
 
 
 def _own_share(spans, window: float | None = None) -> float:
@@ -69,8 +74,9 @@ def _own_share(spans, window: float | None = None) -> float:
 def _problem(got, all_spans: list, rank: int) -> str | None:
     want = pipeline.bubble(all_spans)
     n = len(all_spans)
-    if not isinstance(got, (float, int)) and not (isinstance(got, torch.Tensor) and got.numel() == 1):
-        return f"return the bubble as a float, got {type(got).__name__}"
+    wrong_type = number_problem(got, want, "the bubble", rel=float("inf"))
+    if wrong_type:
+        return wrong_type
     got = float(got)
     if abs(got - want) < TOLERANCE:
         return None
@@ -102,11 +108,16 @@ def check_interleaved_bubble(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         on = where(n, seed)
-        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=CHECK_TIMEOUT,
-                           hang_hint="Every rank must make the same collectives, in the same order.")
+        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=HANG_S,
+                           hang_hint="Every rank must make the same collectives, in the same "
+                                     "order.")
         all_spans = timelines(seed, n)
-        for rank, got in enumerate(values):
-            problem = _problem(got, all_spans, rank)
+        for rank, value in enumerate(values):
+            problem = _problem(value["got"], all_spans, rank)
+            if not problem and n > 1 and not value["collectives"]:
+                problem = ("the right number with no collective: no rank knows the others' "
+                           "spans, so it must have come from somewhere else; combine the "
+                           "ranks' spans with collectives")
             if problem:
                 raise ExerciseFailed(f"{on}, rank {rank}: {problem}")
     return f"every rank measured the pipeline's bubble on 1 to 4 ranks (seed {seed})"
@@ -116,8 +127,16 @@ EXERCISES = (
     Exercise(
         name="11b.interleaved_bubble", notebook="11b_pipelining_in_practice",
         summary="pipeline_bubble(spans): the pipeline's idle share from every rank's own spans",
-        hint="all_reduce the earliest start (ReduceOp.MIN), the latest end (MAX) and the busy "
-             "time (SUM) in float64 tensors; bubble = 1 - busy / (world_size x (end - start)).",
+        hint="Three numbers over all ranks decide it: the earliest start, the latest end and "
+             "the total busy time; each needs its own kind of reduction. Put them in float64 "
+             "tensors (a time.time() value needs more digits than float32 keeps) and return "
+             "a Python float.",
+        recipe="1. On each rank: start = min of the span starts, end = max of the ends, busy = "
+               "sum of (end - start) over the spans.\n2. Put each in a one-element tensor with "
+               "dtype=torch.float64.\n3. dist.all_reduce(start_t, op=dist.ReduceOp.MIN); "
+               "dist.all_reduce(end_t, op=dist.ReduceOp.MAX); dist.all_reduce(busy_t) (SUM)."
+               "\n4. return 1 - busy_t.item() / (dist.get_world_size() * (end_t.item() - "
+               "start_t.item())).",
         solution=pipeline_bubble, checker=check_interleaved_bubble,
         answered_by=("ddp_lab.course.ch11_meshes.pipeline:bubble",)),
 )

@@ -5,11 +5,14 @@ The learner writes ``online_softmax_step(acc, m, l, scores, v)``. The check runs
 ``scratch.ring_attention``'s own ring on 1 to 4 ranks with the learner's step in place of
 the reference, on random shapes, causal and not, and with scores large enough that
 ``exp(score)`` overflows float32, then compares each rank's output rows and each row's
-normalizer ``m + log(l)`` with attention over the whole sequence in one process.
+normalizer ``m + log(l)`` with attention over the whole sequence in one process. The scratch
+step is switched off however it is imported (its code object refuses while the check runs),
+and a step that returns something other than three tensors shaped like (acc, m, l) hears so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 
@@ -17,12 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_lab.exercises.builtins_off import replaced
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.exercises.builtins_off import refused_everywhere, replaced
+from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.ring_attention import online_softmax_step
 
-CHECK_TIMEOUT = 60.0
 SCALES = (1.0, 40.0)  # 40: scores in the hundreds, exp() overflows without the max
 
 
@@ -37,10 +39,44 @@ def _problem(seed: int, world: int, scale: float):
     return q * scale, k, v
 
 
+def _checked(fn):
+    """The learner's step, with its return value checked before the ring uses it: a wrong
+    type or shape is said plainly, not as an unpacking error deep in the ring."""
+    def step(acc, m, l, scores, v):
+        out = fn(acc, m, l, scores, v)
+        shapes = [tuple(t.shape) for t in (acc, m, l)]
+        if (not isinstance(out, (tuple, list)) or len(out) != 3
+                or not all(isinstance(t, torch.Tensor) for t in out)
+                or [tuple(t.shape) for t in out] != shapes):
+            raise TypeError(f"online_softmax_step must return (acc, m, l): three tensors of "
+                            f"shapes {shapes}, got {_kind(out)}")
+        return out
+    return step
+
+
+def _kind(value) -> str:
+    """A return value in one line: its type, and its tensors' shapes."""
+    if isinstance(value, (tuple, list)):
+        parts = [f"tensor of shape {tuple(v.shape)}" if isinstance(v, torch.Tensor)
+                 else type(v).__name__ for v in value]
+        return f"a {type(value).__name__} of {len(value)}: ({', '.join(parts)})"
+    if isinstance(value, torch.Tensor):
+        return f"one tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+def _switched_off_reference(fn):
+    """The scratch step refuses however it is imported, unless it is what is checked."""
+    if fn is online_softmax_step:
+        return contextlib.nullcontext()
+    return refused_everywhere(online_softmax_step, "scratch.ring_attention.online_softmax_step",
+                              "write the step yourself")
+
+
 def _trial(fn, seed: int) -> list:
     rank, world = dist.get_rank(), dist.get_world_size()
     ring, results = _ring(), []
-    with replaced(ring, "online_softmax_step", fn):
+    with replaced(ring, "online_softmax_step", _checked(fn)), _switched_off_reference(fn):
         for scale in SCALES:
             for causal in (False, True):
                 q, k, v = (t.chunk(world, dim=-2)[rank] for t in _problem(seed, world, scale))
@@ -65,6 +101,11 @@ def _close(a, b) -> bool:
 
 def _problem_with(got: dict, want: dict, rank: int) -> str | None:
     out, lse = got["out"], got["lse"]
+    if (lse == float("-inf")).any():
+        return ("a row's sum l came out 0 (its m + log(l) is -inf), so acc / l is 0 / 0: "
+                "exp(scores - m) underflowed because m was larger than every score of that "
+                "row. m must be each row's own running maximum (amax over the keys, the last "
+                "dimension), not one number for the whole block")
     if not (torch.isfinite(out).all() and torch.isfinite(lse).all()):
         return ("the output holds inf or nan: exp() of a score in the hundreds overflows. "
                 "Subtract the running maximum m before exp, and rescale what you had by "
@@ -86,7 +127,7 @@ def check_online_softmax(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         on = where(n, seed)
-        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=CHECK_TIMEOUT,
+        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=HANG_S,
                            hang_hint="The step computes on this rank only: no collective in it.")
         for rank, trials in enumerate(values):
             for got in trials:
@@ -105,7 +146,14 @@ EXERCISES = (
         name="12.online_softmax", notebook="12_sequence_parallelism",
         summary="online_softmax_step(acc, m, l, scores, v): fold one block into the running "
                 "numerator, maximum and sum",
-        hint="Keep m the running maximum (of the old m and this block's); before adding this "
-             "block's exp(scores - m_new), rescale the old l and acc by exp(m - m_new).",
+        hint="Keep m the largest score seen so far in each row, and keep acc and l relative "
+             "to it: exp(scores - m) never overflows. When m grows, whatever was accumulated "
+             "relative to the old m has to be brought to the new one. Divide by l nowhere.",
+        recipe="1. m_new = torch.maximum(m, scores.amax(dim=-1)) (each row's running "
+               "maximum).\n2. p = torch.exp(scores - m_new.unsqueeze(-1)) (this block, "
+               "relative to m_new; masked keys give exp(-inf) = 0).\n3. correction = "
+               "torch.exp(m - m_new) (0 on the first block, where m = -inf).\n4. l_new = l * "
+               "correction + p.sum(dim=-1); acc_new = acc * correction.unsqueeze(-1) + p @ v."
+               "\n5. return acc_new, m_new, l_new.",
         solution=online_softmax_step, checker=check_online_softmax),
 )

@@ -5,45 +5,75 @@ The learner writes ``dispatch(rows, counts)``: ``rows`` sorted by destination ra
 by that rank's local expert, ``counts[j, e]`` of them for expert ``e`` of rank ``j``. It
 returns the rows this rank receives (by source rank, then expert) and ``got[j, e]``, how
 many came from rank ``j`` for its own expert ``e``. The check runs it on 1 to 4 ranks with
-random counts (zeros included) and random row widths, with ``scratch.moe.dispatch``
-switched off, and compares with what every rank sent.
+random counts (zeros included, a rank that receives nothing, each rank sending most of its
+rows to one other rank) and random row widths, with ``scratch.moe``'s dispatch switched off
+however it is imported, and compares with what every rank sent. Then the cost, as
+CollectiveTrace records it whatever form the collectives took: the counts' exchange plus one
+variable all-to-all of the rows. Padding every block to the largest, or sending every rank
+every row, gives the right rows at a multiple of the bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks, where
+from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.exercises.builtins_off import refused_everywhere, refusing, replaced
+from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.moe import dispatch
 
-CHECK_TIMEOUT = 60.0
+COST_TOLERANCE = 1.25  # over the reference's rows; the counts may travel by all-gather too
 
 
 def _shapes(seed: int) -> tuple[int, int]:
+    """Local experts (2+: the order within a source shows) and the rows' width (4-8: the
+    rows, not the counts, are what costs)."""
     g = generator(seed)
-    local_experts = int(torch.randint(2, 4, (1,), generator=g))  # 2+: the order within a source shows
-    return local_experts, int(torch.randint(1, 4, (1,), generator=g))
+    local_experts = int(torch.randint(2, 4, (1,), generator=g))
+    return local_experts, int(torch.randint(4, 9, (1,), generator=g))
 
 
 def _inputs(seed: int, rank: int, world: int):
+    """0-2 rows per expert of every rank, 4-7 more for each expert of one rank, and on 2+
+    ranks none at all for the last rank: uneven blocks, an empty one, a rank receiving none."""
     local_experts, width = _shapes(seed)
     g = generator(seed, rank)
-    counts = torch.randint(0, 4, (world, local_experts), generator=g)
+    counts = torch.randint(0, 3, (world, local_experts), generator=g)
+    if world > 1:
+        counts[(rank + 1) % (world - 1)] += torch.randint(4, 8, (local_experts,), generator=g)
+        counts[world - 1] = 0
     return torch.randn(int(counts.sum()), width, generator=g), counts
 
 
-def _trial(fn, seed: int):
+def _switched_off(fn):
+    """scratch.moe's dispatch, its helper and its autograd function refuse, however they are
+    imported (unless the reference itself is what is checked)."""
+    moe = importlib.import_module("ddp_lab.scratch.moe")
+    why = "write the dispatch yourself from the collectives"
+    stack = contextlib.ExitStack()
+    stack.enter_context(replaced(moe._Dispatch, "forward", staticmethod(
+        refusing("scratch.moe._Dispatch", why))))
+    stack.enter_context(refused_everywhere(moe.all_to_all, "scratch.moe.all_to_all", why))
+    if fn is not dispatch:
+        stack.enter_context(refused_everywhere(dispatch, "scratch.moe.dispatch", why))
+    return stack
+
+
+def _trial(fn, seed: int) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     rows, counts = _inputs(seed, rank, world)
-    moe = importlib.import_module("ddp_lab.scratch.moe")
-    why = "write the dispatch yourself from all_to_all_single"
-    with replaced(moe, "dispatch", refusing("scratch.moe.dispatch", why)):
-        return fn(rows, counts)
+    with _switched_off(fn), CollectiveTrace() as trace:
+        value = fn(rows, counts)
+    calls = trace.moving_data()
+    return {"value": value, "bytes": sum(c.whole_nbytes for c in calls),
+            "families": trace.family_counts(),
+            "narrow": sorted({str(c.dtype) for c in calls if c.dtype is not None
+                              and c.dtype.is_floating_point and c.dtype.itemsize < 4})}
 
 
 def _expected(seed: int, world: int, rank: int):
@@ -55,17 +85,23 @@ def _expected(seed: int, world: int, rank: int):
         arrived.append(rows[start:start + int(counts[rank].sum())])
         got.append(counts[rank])
     own_rows, own_counts = _inputs(seed, rank, world)
-    return {"arrived": torch.cat(arrived), "got": torch.stack(got),
-            "own_rows": own_rows, "own_counts": own_counts}
+    received = torch.cat(arrived)
+    return {"arrived": received, "got": torch.stack(got), "own_rows": own_rows,
+            "own_counts": own_counts, "count_bytes": own_counts.numel() * 8,
+            "row_bytes": 4 * max(own_rows.numel(), received.numel())}
 
 
 def _same(a, b) -> bool:
     return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
 
 
-def _problem(value, want: dict) -> str | None:
+def _problem(result: dict, want: dict, world: int) -> str | None:
+    value = result["value"]
     if not (isinstance(value, (tuple, list)) and len(value) == 2):
         return f"return (arrived, got): two tensors, got {type(value).__name__}"
+    if result["narrow"]:
+        return (f"the rows travelled as {', '.join(result['narrow'])}: send them in their own "
+                "dtype (float32); a narrower one rounds them and only looks cheaper")
     arrived, got = value
     if not _same(arrived, want["arrived"]):
         if _same(arrived, want["own_rows"]) and not _same(want["own_rows"], want["arrived"]):
@@ -83,6 +119,18 @@ def _problem(value, want: dict) -> str | None:
             return ("got is what this rank sent (counts); it must say what it received: "
                     "exchange the counts with an all_to_all_single of the counts tensor")
         return f"got should be {want['got'].tolist()} (rows from rank j for expert e), got {got}"
+    return _cost_problem(result, want, world) if world > 1 else None
+
+
+def _cost_problem(result: dict, want: dict, world: int) -> str | None:
+    """The rows once, by one variable all-to-all, plus the counts (an all-to-all of them, or
+    an all-gather of every rank's)."""
+    budget = COST_TOLERANCE * want["row_bytes"] + (world + 1) * want["count_bytes"]
+    if result["bytes"] > budget:
+        return (f"the right rows, at {result['bytes']} bytes ({result['families']}); the "
+                f"counts' exchange and one all-to-all with the exchanged split sizes move "
+                f"{want['row_bytes'] + want['count_bytes']}: each row travels once, to its "
+                "rank only, in a block of its own size (no padding to the largest block)")
     return None
 
 
@@ -94,11 +142,11 @@ def check_dispatch(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         on = where(n, seed)
-        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=CHECK_TIMEOUT,
+        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=HANG_S,
                            hang_hint="Every rank must make the same all-to-alls, with split "
                                      "sizes that agree pair by pair (exchange them first).")
         for rank, value in enumerate(values):
-            problem = _problem(value, _expected(seed, n, rank))
+            problem = _problem(value, _expected(seed, n, rank), n)
             if problem:
                 raise ExerciseFailed(f"{on}, rank {rank}: {problem}")
     return (f"every rank received exactly the rows sent to it, in order, and the counts, on 1 "
@@ -109,8 +157,14 @@ EXERCISES = (
     Exercise(
         name="13.dispatch", notebook="13_expert_parallelism",
         summary="dispatch(rows, counts): exchange the split sizes, then a variable all_to_all_single",
-        hint="Tell each rank what is coming first (an all-to-all of the counts), then move the "
-             "rows with all_to_all_single's output and input split sizes.",
+        hint="No rank knows how many rows it will receive until the others tell it: that is "
+             "a first exchange, of the counts. Then one collective can move blocks of "
+             "different sizes to each rank, if it is told the sizes on both sides.",
+        recipe="1. got = torch.empty_like(counts); dist.all_to_all_single(got, counts): row j "
+               "of counts goes to rank j, so got[j] is what rank j sends here.\n2. arrived = "
+               "rows.new_empty((int(got.sum()), rows.shape[1])).\n3. "
+               "dist.all_to_all_single(arrived, rows, output_split_sizes=got.sum(1).tolist(), "
+               "input_split_sizes=counts.sum(1).tolist()).\n4. return arrived, got.",
         solution=dispatch, checker=check_dispatch,
         answered_by=("ddp_lab.scratch.moe:_Dispatch",)),
 )
