@@ -10,6 +10,10 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+import torch.nn.functional as F
+from torch.distributed import all_gather_object, all_reduce
+from torch.distributed.distributed_c10d import _get_default_group
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ddp_lab.course.ch05_ddp_basics import exercises_b as ch05
@@ -113,9 +117,226 @@ def weights_only(model):
             p.grad /= dist.get_world_size()
 
 
+# -- 05.average_gradients: more wrong answers --------------------------------------------------
+def imported_sum_only(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            all_reduce(p.grad)
+
+
+def process_group_sum_only(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            _get_default_group().allreduce([p.grad]).wait()
+
+
+def functional_sum_only(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad = fc.wait_tensor(fc.all_reduce(p.grad, "sum", dist.group.WORLD))
+
+
+def no_none_check(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+def requires_grad_check_only(model):
+    """Skips the frozen layer, trips on the unused one (present on every check)."""
+    for p in model.parameters():
+        if p.requires_grad:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+
+def zeros_for_missing(model):
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
+# -- 05.average_gradients: right but different ------------------------------------------------
+def imported_all_reduce_average(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+
+def avg_op(model):
+    """ReduceOp.AVG: gloo sums, then divides (ProcessGroupGlooDetail.hpp)."""
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def async_then_wait(model):
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+        work.wait()
+    for g in grads:
+        g /= dist.get_world_size()
+
+
+def one_flat_bucket(model):
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    _get_default_group().allreduce([flat]).wait()
+    flat /= dist.get_world_size()
+    for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(piece.view_as(g))
+
+
+def functional_avg(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.copy_(fc.wait_tensor(fc.all_reduce(p.grad, "avg", dist.group.WORLD)))
+
+
+# -- 05b: more wrong answers --------------------------------------------------------------------
+def others_by_hand(model, dataset):
+    """Its own share through the model, the rest by hand: no communication at all."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = dataset.tensors
+    mine = list(range(rank, len(dataset), world))
+    with torch.no_grad():
+        model(x[mine])
+        predicted = F.linear(x, model.weight, model.bias).argmax(dim=1)
+    return (predicted == y).float().mean().item()
+
+
+def accuracy_as_tensor(model, dataset):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = dataset[list(range(rank, len(dataset), world))]
+    with torch.no_grad():
+        counts = torch.tensor([(model(x).argmax(dim=1) == y).sum().item(), len(y)], dtype=torch.float)
+    all_reduce(counts)
+    return counts[0] / counts[1]
+
+
+def pad_once(n, epoch, seed):
+    """Pads once: not enough when n < world_size."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    total = math.ceil(n / world) * world
+    order += order[:total - n]
+    return order[rank:total:world]
+
+
+def shard_as_tensor(n, epoch, seed):
+    return torch.tensor(ch05.sampler_shard(n, epoch, seed))
+
+
+def sampler_without_init(n, epoch, seed):
+    """Skips the switched-off constructor and calls __iter__ on a hand-made object."""
+    sampler = object.__new__(DistributedSampler)
+    sampler.__dict__.update(dataset=range(n), num_replicas=dist.get_world_size(),
+                            rank=dist.get_rank(), epoch=epoch, drop_last=False, shuffle=True,
+                            seed=seed, num_samples=math.ceil(n / dist.get_world_size()))
+    sampler.total_size = sampler.num_samples * sampler.num_replicas
+    return list(iter(sampler))
+
+
+# -- 05b: right but different -------------------------------------------------------------------
+def gathered_counts(model, dataset):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y = dataset[list(range(rank, len(dataset), world))]
+    with torch.no_grad():
+        correct = int((model(x).argmax(dim=1) == y).sum()) if len(y) else 0
+    everyone = [None] * world
+    all_gather_object(everyone, (correct, len(y)))
+    return sum(c for c, _ in everyone) / sum(t for _, t in everyone)
+
+
+def contiguous_unpadded_blocks(model, dataset):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bounds = [len(dataset) * r // world for r in range(world + 1)]
+    x, y = dataset[list(range(bounds[rank], bounds[rank + 1]))]
+    counts = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        if len(y):
+            counts[0], counts[1] = float((model(x).argmax(dim=1) == y).sum()), len(y)
+    _get_default_group().allreduce([counts]).wait()
+    return (counts[0] / counts[1]).item()
+
+
+def shard_with_repeat_formula(n, epoch, seed):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    total = math.ceil(n / world) * world
+    return [order[i % n] for i in range(rank, total, world)]
+
+
+# -- 06: more wrong answers and right-but-different ones ---------------------------------------
+def rate_as_tensor(samples, seconds):
+    t = torch.tensor([float(samples)])
+    s = torch.tensor([float(seconds)])
+    all_reduce(t)
+    all_reduce(s, op=dist.ReduceOp.MAX)
+    return t / s
+
+
+def max_rate_times_world(samples, seconds):
+    t = torch.tensor([samples / seconds])
+    _get_default_group().allreduce([t]).wait()
+    return t.item()
+
+
+def float32_sum_and_max(samples, seconds):
+    """The first hint, in float32 tensors: passes."""
+    total, slowest = torch.tensor([samples]).float(), torch.tensor([seconds])
+    all_reduce(total)
+    all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return (total / slowest).item()
+
+
+def gathered_pairs(samples, seconds):
+    everyone = [None] * dist.get_world_size()
+    all_gather_object(everyone, (samples, seconds))
+    return sum(s for s, _ in everyone) / max(t for _, t in everyone)
+
+
+def functional_sum_and_max(samples, seconds):
+    pair = torch.tensor([float(samples), float(seconds)], dtype=torch.float64)
+    total = fc.wait_tensor(fc.all_reduce(pair[:1], "sum", dist.group.WORLD))
+    slowest = fc.wait_tensor(fc.all_reduce(pair[1:], "max", dist.group.WORLD))
+    return (total / slowest).item()
+
+
+RIGHT = [
+    ("05.average_gradients", imported_all_reduce_average),
+    ("05.average_gradients", avg_op),
+    ("05.average_gradients", async_then_wait),
+    ("05.average_gradients", one_flat_bucket),
+    ("05.average_gradients", functional_avg),
+    ("05b.global_accuracy", gathered_counts),
+    ("05b.global_accuracy", contiguous_unpadded_blocks),
+    ("05b.sampler_shard", shard_with_repeat_formula),
+    ("06.global_throughput", float32_sum_and_max),
+    ("06.global_throughput", gathered_pairs),
+    ("06.global_throughput", functional_sum_and_max),
+]
+
+
 MUTANTS = [
+    ("05.average_gradients", imported_sum_only, "divide by world_size"),
+    ("05.average_gradients", process_group_sum_only, "divide by world_size"),
+    ("05.average_gradients", functional_sum_only, "divide by world_size"),
+    ("05.average_gradients", no_none_check, "have .grad None.*frozen"),
+    ("05.average_gradients", requires_grad_check_only, "have .grad None: .*'unused.weight'"),
+    ("05.average_gradients", zeros_for_missing, "has no gradient"),
+    ("05b.global_accuracy", others_by_hand, "without a single collective"),
+    ("05b.global_accuracy", accuracy_as_tensor, "got a tensor"),
+    ("05b.sampler_shard", pad_once, "DistributedSampler's shard"),
+    ("05b.sampler_shard", shard_as_tensor, "return a list of ints"),
+    ("05b.sampler_shard", sampler_without_init, "DistributedSampler is switched off"),
+    ("06.global_throughput", rate_as_tensor, "got a tensor"),
+    ("06.global_throughput", max_rate_times_world, "slowest rank's time"),
     ("05b.global_accuracy", padded_sampler, "pads the shards with repeated samples"),
-    ("05b.global_accuracy", own_shard_accuracy, "same global fraction"),
+    ("05b.global_accuracy", own_shard_accuracy, "without a single collective"),
     ("05b.global_accuracy", mean_of_accuracies, "divide once"),
     ("05b.global_accuracy", everything_everywhere, "evaluated the whole data set"),
     ("05b.sampler_shard", builtin_sampler, "DistributedSampler is switched off"),
@@ -123,7 +344,7 @@ MUTANTS = [
     ("05b.sampler_shard", contiguous_blocks, r"\[rank::world_size\]"),
     ("05b.sampler_shard", no_padding, "DistributedSampler's shard"),
     ("06.global_throughput", constant_rate, "slowest rank's time"),
-    ("06.global_throughput", own_rate, "slowest rank's time"),
+    ("06.global_throughput", own_rate, "without a single collective"),
     ("06.global_throughput", mean_rate, "average of the ranks' rates"),
     ("06.global_throughput", sum_over_mean_time, "MAX"),
     ("05.average_gradients", summed_not_averaged, "divide by world_size"),

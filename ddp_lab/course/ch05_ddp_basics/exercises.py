@@ -1,7 +1,7 @@
 """Notebook 05's exercise: what DDP does to the gradients, by hand after backward.
 
-Each rank builds the same random MLP (a fresh seed per check; sometimes with its first
-layer frozen, so some parameters have no gradient), takes its own random batch through
+Each rank builds the same random MLP (a fresh seed per check; on every check one layer
+frozen and one never used, so some parameters have no gradient), takes its own random batch through
 forward and backward WITHOUT DDP, and calls the learner's function, with DDP's constructor
 switched off. Then the same model wrapped in torch's DDP takes the same batch, and every
 rank's gradients must equal DDP's (up to float rounding: the all-reduce adds in its own
@@ -33,19 +33,32 @@ def average_gradients(model: nn.Module) -> None:
             parameter.grad /= world
 
 
+class RandomNet(nn.Module):
+    """The same MLP on every rank: random widths, weights from the check's seed, and on
+    EVERY check one frozen layer (``requires_grad=False``: which one, the seed decides) and
+    one layer that forward never uses. Both leave ``.grad`` None on every rank, and DDP
+    (``find_unused_parameters=True``) leaves them None too."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        g = generator(seed)
+        widths = [int(w) for w in torch.randint(2, 9, (3,), generator=g)]
+        self.layers = nn.Sequential(nn.Linear(widths[0], widths[1]), nn.Tanh(),
+                                    nn.Linear(widths[1], widths[2]), nn.Tanh(),
+                                    nn.Linear(widths[2], 1))
+        self.unused = nn.Linear(widths[1], 2)  # a head this forward never calls
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=g))
+        self.layers[2 * (seed % 3)].requires_grad_(False)
+        self.in_features = widths[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 def random_model(seed: int) -> nn.Module:
-    """The same MLP on every rank: random widths, weights from the check's seed; its
-    first layer frozen on odd seeds."""
-    g = generator(seed)
-    widths = [int(w) for w in torch.randint(2, 9, (3,), generator=g)]
-    model = nn.Sequential(nn.Linear(widths[0], widths[1]), nn.Tanh(),
-                          nn.Linear(widths[1], widths[2]), nn.Tanh(), nn.Linear(widths[2], 1))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=g))
-    if seed % 2:
-        model[0].requires_grad_(False)
-    return model
+    return RandomNet(seed)
 
 
 def _backward(model: nn.Module, inputs: int, seed: int) -> None:
@@ -57,16 +70,30 @@ def _backward(model: nn.Module, inputs: int, seed: int) -> None:
 
 def _trial(fn, seed: int):
     mine = random_model(seed)
-    inputs = mine[0].in_features
+    inputs = mine.in_features
     _backward(mine, inputs, seed)
     before = [p.detach().clone() for p in mine.parameters()]
     with replaced(DDP, "__init__", refusing("DistributedDataParallel", "average the "
                                             "gradients yourself, after backward")):
-        fn(mine)
-    ddp = DDP(random_model(seed))
+        _call(fn, mine)
+    ddp = DDP(random_model(seed), find_unused_parameters=True)
     _backward(ddp, inputs, seed)  # forward through DDP, so backward all-reduces
     return ([p.grad for p in mine.parameters()], [p.grad for p in ddp.parameters()],
             all(torch.equal(b, p.detach()) for b, p in zip(before, mine.parameters())))
+
+
+def _call(fn, model: nn.Module) -> None:
+    """``fn(model)``; an error about None says which parameters have no gradient, and why."""
+    try:
+        fn(model)
+    except (AttributeError, TypeError, ValueError, RuntimeError) as err:
+        if "None" not in str(err):
+            raise
+        missing = [name for name, p in model.named_parameters() if p.grad is None]
+        said = " ".join(str(err).split())  # torch's message on one line, so it is shown whole
+        raise type(err)(f"{said} (These parameters have .grad None: {missing}. A frozen "
+                        "parameter (requires_grad=False) and one that forward did not use "
+                        "get no gradient; DDP leaves them alone, and so should you.)") from err
 
 
 def check_average_gradients(fn) -> str:
@@ -88,7 +115,8 @@ def _judge(got: list, want: list, untouched: bool, where: str) -> None:
         if theirs is None or mine is None:
             if mine is not theirs:
                 raise ExerciseFailed(f"{where}, parameter [{i}]: DDP's gradient is {theirs}, "
-                                     f"yours {mine}. A frozen parameter has no gradient.")
+                                     f"yours {mine}. A frozen or unused parameter has no "
+                                     "gradient.")
         elif not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
             ratio = (mine.norm() / theirs.norm()).item() if theirs.norm() > 0 else float("nan")
             raise ExerciseFailed(
@@ -103,8 +131,13 @@ EXERCISES = (
         notebook="05_ddp_basics",
         summary="my_average_gradients(model): after backward without DDP, leave in every "
                 ".grad what DDP would: the mean over the ranks",
-        hint="for each parameter whose .grad is not None: dist.all_reduce(p.grad), then "
-             "p.grad /= dist.get_world_size().",
+        hint="DDP leaves in .grad the mean of the ranks' gradients: one collective per "
+             "gradient gives every rank the sum, and the mean follows from it. Some "
+             "parameters have no gradient at all (frozen, or unused in forward).",
+        recipe="for p in model.parameters(): skip it if p.grad is None; else "
+               "dist.all_reduce(p.grad) (a SUM, in place) and p.grad /= "
+               "dist.get_world_size(). ReduceOp.AVG (gloo: a sum, then a division) does both "
+               "in one call.",
         solution=average_gradients,
         checker=check_average_gradients,
     ),

@@ -3,8 +3,11 @@ DistributedSampler's shard computed by hand.
 
 The accuracy's checker builds a random classifier and a data set whose size no world size
 divides (a fresh seed per check), counts the samples the model sees on each rank with a
-forward hook, and compares with one process's accuracy. The shard's checker switches
-``DistributedSampler`` off while the learner's code runs and compares with it afterwards.
+forward hook and the collectives each rank issues (at the dispatcher: any form counts), and
+compares with one process's accuracy: on several ranks, a rank that never communicated
+cannot know the others' counts. The shard's checker switches ``DistributedSampler`` off
+while the learner's code runs and compares with it afterwards, on data set sizes that no
+world size divides and sizes smaller than the world (ranks whose whole shard is padding).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import torch.utils.data
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import replaced, refusing
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, number_problem, run_ranks
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -59,7 +63,9 @@ def _accuracy_trial(fn, model: nn.Module, dataset) -> tuple:
         seen[0] += out.shape[0] if out.dim() > 1 else 1  # a batch, or one sample
 
     model.register_forward_hook(count)
-    return fn(model, dataset), seen[0]
+    with CollectiveTrace() as trace:
+        got = fn(model, dataset)
+    return got, seen[0], len(trace.moving_data())
 
 
 def check_global_accuracy(fn) -> str:
@@ -76,13 +82,23 @@ def check_global_accuracy(fn) -> str:
 
 
 def _judge(values: list[tuple], expected: float, n: int, world: int, seed: int) -> None:
-    accuracies = [acc for acc, _ in values]
-    seen = [count for _, count in values]
+    accuracies = [acc for acc, _, _ in values]
+    seen = [count for _, count, _ in values]
     where = f"{on(world, seed)} with {n} samples"
     problem = _sharding_problem(seen, n, world)
     if problem:
         raise ExerciseFailed(f"{where}, the model saw {seen} samples on the ranks: {problem}")
-    if any(not isinstance(a, (int, float)) or abs(a - expected) > 1e-6 for a in accuracies):
+    for rank, (got, _, collectives) in enumerate(values):
+        if world > 1 and not collectives:
+            raise ExerciseFailed(
+                f"{where}, rank {rank} returned {got!r} without a single collective. It "
+                "evaluated only its share, so the other ranks' counts can reach it only "
+                "through communication (and a result that needs none did not come from "
+                "evaluating one share).")
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise ExerciseFailed(f"{where}, rank {rank}: "
+                                 f"{number_problem(got, expected, 'the accuracy')}")
+    if any(abs(a - expected) > 1e-6 for a in accuracies):
         raise ExerciseFailed(
             f"{where}, the accuracy over the whole data set is {expected:.4f}, but the ranks "
             f"returned {accuracies}. Every rank should return the same global fraction (not "
@@ -117,31 +133,56 @@ def sampler_shard(n: int, epoch: int, seed: int) -> list[int]:
     return order[rank:total:world]
 
 
-def _shard_trial(fn, n: int, epoch: int, seed: int) -> tuple:
-    # Off on the class itself, so a name imported before the check is off too.
+def _shard_trial(fn, cases: list[tuple[int, int, int]]) -> list[tuple]:
+    """(got, DistributedSampler's shard) for each (n, epoch, seed) in ``cases``."""
+    sampler_class = torch.utils.data.DistributedSampler
     off = refusing("DistributedSampler", "compute the shard yourself")
-    with replaced(torch.utils.data.DistributedSampler, "__init__", off):
-        got = fn(n, epoch, seed)
-    sampler = torch.utils.data.DistributedSampler(range(n), shuffle=True, seed=seed)
-    sampler.set_epoch(epoch)
-    return got, list(sampler)
+    results = []
+    for n, epoch, seed in cases:
+        # Off on the class itself, so a name imported before the check is off too.
+        with replaced(sampler_class, "__init__", off), replaced(sampler_class, "__iter__", off):
+            got = fn(n, epoch, seed)
+        sampler = sampler_class(range(n), shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        results.append((got, list(sampler)))
+    return results
+
+
+def shard_cases(seed: int, world: int) -> list[tuple[int, int, int]]:
+    """(n, epoch, seed) for one world size: an n that the world size does not divide, and
+    (on several ranks) an n smaller than the world, where some ranks get only padding."""
+    g = generator(seed, world)
+    epoch, sampler_seed = int(torch.randint(0, 6, (1,), generator=g)), seed % 1000
+    n = world * int(torch.randint(1, 4, (1,), generator=g)) + 1 + int(
+        torch.randint(0, max(world - 1, 1), (1,), generator=g))
+    smaller = sorted({1, world - 1} - {0})  # 1: most ranks get only the one sample, repeated
+    return [(n, epoch, sampler_seed)] + [(k, epoch + 1, sampler_seed) for k in smaller]
 
 
 def check_sampler_shard(fn) -> str:
     seed = new_seed()
     for world in WORLD_SIZES:
-        n, epoch, sampler_seed = 5 + seed % 6, 1 + seed % 5, seed % 1000
-        values = run_ranks(_shard_trial, world, (fn, n, epoch, sampler_seed),
-                           where=on(world, seed))
-        for rank, (got, expected) in enumerate(values):
-            if not isinstance(got, (list, tuple)) or [int(i) for i in got] != expected:
-                raise ExerciseFailed(
-                    f"{on(world, seed)}, n={n}, epoch={epoch}, seed={sampler_seed}: rank "
-                    f"{rank} should get {expected} (DistributedSampler's shard), got {got!r}. "
-                    "One permutation from torch.Generator().manual_seed(seed + epoch), padded "
-                    "with its own start to a multiple of world_size, then "
-                    "[rank::world_size].")
-    return f"the same shards as DistributedSampler on 1-4 ranks (seed {seed})"
+        cases = shard_cases(seed, world)
+        values = run_ranks(_shard_trial, world, (fn, cases), where=on(world, seed))
+        for case_index, (n, epoch, sampler_seed) in enumerate(cases):
+            for rank, results in enumerate(values):
+                _judge_shard(results[case_index], f"{on(world, seed)}, n={n}, epoch={epoch}, "
+                             f"seed={sampler_seed}: rank {rank}")
+    return (f"the same shards as DistributedSampler on 1-4 ranks, with n not divisible by "
+            f"the world and n below it (seed {seed})")
+
+
+def _judge_shard(result: tuple, where: str) -> None:
+    got, expected = result
+    if not isinstance(got, (list, tuple)):
+        raise ExerciseFailed(f"{where} should get the list {expected}, got "
+                             f"{type(got).__name__} {got!r}: return a list of ints "
+                             "(tensor.tolist() turns a tensor into one).")
+    if [int(i) for i in got] != expected:
+        raise ExerciseFailed(
+            f"{where} should get {expected} (DistributedSampler's shard), got {got!r}. "
+            "One permutation from torch.Generator().manual_seed(seed + epoch), padded "
+            "with its own start to a multiple of world_size, then [rank::world_size].")
 
 
 EXERCISES = (
@@ -150,8 +191,14 @@ EXERCISES = (
         notebook="05b_ddp_data_and_checkpoints",
         summary="my_global_accuracy(model, dataset): the whole data set's accuracy, each "
                 "rank evaluating only its share",
-        hint="shard without padding, range(rank, len(dataset), world_size); all_reduce the "
-             "(correct, total) counts; divide once.",
+        hint="an accuracy is a ratio: averaging the ranks' ratios is wrong when their "
+             "shares differ in size, but counts add up across ranks. Take your share without "
+             "padding (DistributedSampler repeats samples), communicate counts, divide once.",
+        recipe="rank, N = dist.get_rank(), dist.get_world_size(); x, y = dataset["
+               "list(range(rank, len(dataset), N))]; count the correct predictions of "
+               "model(x) (argmax over dim 1) under torch.no_grad(); put (correct, len(y)) "
+               "in one float tensor, dist.all_reduce it (SUM), and return "
+               "(correct / total).item() on every rank.",
         solution=global_accuracy,
         checker=check_global_accuracy,
         answered_by=("ddp_lab.course.ch05_ddp_basics.sampling:evaluate_three_ways",),
@@ -161,8 +208,14 @@ EXERCISES = (
         notebook="05b_ddp_data_and_checkpoints",
         summary="my_shard(n, epoch, seed): this rank's indices, as DistributedSampler "
                 "(shuffle=True) gives them",
-        hint="torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)); pad "
-             "with the start of the list to a multiple of world_size; take [rank::world_size].",
+        hint="every rank draws the same permutation from the same seed (no communication); "
+             "set_epoch changes that seed. Read DistributedSampler.__iter__ in "
+             "torch/utils/data/distributed.py: it pads to a multiple of the world size, then "
+             "takes every world_size-th index.",
+        recipe="order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + "
+               "epoch)).tolist(); total = ceil(n / N) * N; while len(order) < total: order "
+               "+= order[:total - len(order)] (repeats the start, also when n < N); return "
+               "order[rank:total:N].",
         solution=sampler_shard,
         checker=check_sampler_shard,
     ),

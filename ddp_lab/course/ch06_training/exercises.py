@@ -2,7 +2,9 @@
 
 Each rank gets a random number of samples and a random time (a fresh seed per check), so
 a constant or one rank's own rate cannot pass; the answer is compared with torch's
-all_reduce (SUM of the samples, MAX of the times) on the same numbers.
+all_reduce (SUM of the samples, MAX of the times) on the same numbers, and on several ranks
+the learner's code must have communicated (collectives counted at the dispatcher, so any
+form counts): no rank knows the others' numbers otherwise.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, number_problem, run_ranks
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -33,21 +36,30 @@ def _inputs(seed: int, rank: int) -> tuple[int, float]:
 
 def _trial(fn, seed: int) -> tuple:
     samples, seconds = _inputs(seed, dist.get_rank())
-    got = fn(samples, seconds)
+    with CollectiveTrace() as trace:
+        got = fn(samples, seconds)
     total = torch.tensor([float(samples), float(seconds)], dtype=torch.float64)
     slowest = total.clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return (samples, seconds), got, total[0].item() / slowest[1].item()
+    return (samples, seconds), got, total[0].item() / slowest[1].item(), len(trace.moving_data())
 
 
 def check_global_throughput(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         values = run_ranks(_trial, n, (fn, seed), where=on(n, seed))
-        inputs = [pair for pair, _, _ in values]
-        for rank, (_, got, expected) in enumerate(values):
-            if not isinstance(got, (int, float)) or abs(got - expected) > 1e-6 * expected:
+        inputs = [pair for pair, _, _, _ in values]
+        for rank, (_, got, expected, collectives) in enumerate(values):
+            if isinstance(got, bool) or not isinstance(got, (int, float)):
+                raise ExerciseFailed(f"{on(n, seed)}, rank {rank}: "
+                                     f"{number_problem(got, expected, 'samples/s')}")
+            if n > 1 and not collectives:
+                raise ExerciseFailed(
+                    f"{on(n, seed)}, rank {rank} returned {got!r} without a single "
+                    "collective: it cannot know the other ranks' samples and times without "
+                    "asking them.")
+            if abs(got - expected) > 1e-6 * expected:
                 raise ExerciseFailed(
                     f"{on(n, seed)}, (samples, seconds) per rank {inputs}: rank {rank} "
                     f"returned {got!r}, expected {expected:.2f} samples/s. Sum the samples "
@@ -61,8 +73,13 @@ EXERCISES = (
         name="06.global_throughput",
         notebook="06_ddp_training_cnn",
         summary="global_throughput(samples, seconds): the whole job's samples/s, on every rank",
-        hint="two all_reduces: the samples with ReduceOp.SUM, the seconds with ReduceOp.MAX; "
-             "divide.",
+        hint="the job's rate is its total samples over the time it took, and the job took "
+             "as long as its slowest rank. Each of the two numbers needs a collective that "
+             "combines the ranks' values in its own way (see dist.ReduceOp).",
+        recipe="samples_t = torch.tensor([float(samples)], dtype=torch.float64); "
+               "seconds_t likewise; dist.all_reduce(samples_t, op=dist.ReduceOp.SUM); "
+               "dist.all_reduce(seconds_t, op=dist.ReduceOp.MAX); return "
+               "(samples_t / seconds_t).item().",
         solution=global_throughput,
         checker=check_global_throughput,
     ),
