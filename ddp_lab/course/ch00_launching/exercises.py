@@ -69,8 +69,8 @@ EXERCISES = (
         notebook="00_launching_from_jupyter",
         summary="max_over_ranks(value): the largest value held by any rank, on every rank",
         hint="every rank needs what the others hold: put your value in a tensor, and let one "
-             "collective combine the ranks' tensors into the largest (dist.ReduceOp lists "
-             "the ways to combine); return a Python number.",
+             "collective combine the ranks' tensors so that every rank keeps the largest "
+             "(dist.ReduceOp.MAX); return a Python number.",
         recipe="t = torch.tensor([value]) (one element); dist.all_reduce(t, "
                "op=dist.ReduceOp.MAX) leaves the largest of all ranks' t in every rank's t; "
                "return t.item(), the Python float inside.",
