@@ -183,7 +183,8 @@ def _zero1_cost_problem(phase: dict, n: int) -> str | None:
                     "rank needs each new value once, from the one rank that computed it")
         if moved["bytes"] < phase["trained_bytes"]:
             made = moved["families"] or "no collective"
-            return (f"step {step} moved only {moved['bytes']} bytes ({made}), yet the {phase['trained_bytes']} bytes of updated "
+            return (f"step {step} moved only {moved['bytes']} bytes ({made}), yet the "
+                    f"{phase['trained_bytes']} bytes of updated "
                     "parameters must reach the ranks that do not own them: a rank that "
                     "updates what it does not own holds that optimizer state, which is what "
                     "ZeRO-1 removes. Step only local_optimizer and receive the rest")
