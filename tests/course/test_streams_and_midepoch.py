@@ -5,6 +5,9 @@ the uninterrupted run's samples, losses and weights exactly."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
@@ -47,8 +50,8 @@ def test_a_mid_epoch_resume_repeats_the_uninterrupted_run(tmp_path):
 
 def test_rng_states_round_trip_and_the_loader_trap():
     states = midepoch.rng_states()
-    first = (torch.rand(3), midepoch.random.random(), midepoch.np.random.rand())
+    first = (torch.rand(3), random.random(), np.random.rand())
     midepoch.set_rng_states(states)
-    again = (torch.rand(3), midepoch.random.random(), midepoch.np.random.rand())
+    again = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
     assert midepoch.iterator_moves_global_rng() == {"default": True, "own generator": False}
