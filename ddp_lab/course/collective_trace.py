@@ -11,7 +11,8 @@ before it runs (the exercises switch off what they ask the learner to build). DD
 is seen too: its default all-reduce reaches the dispatcher as ``c10d::allreduce_`` (checked
 in tests/course/test_sharding.py, one call per bucket).
 
-Only the calling thread is watched (dispatch modes are thread-local), and autograd's
+An op on a DTensor is watched through what DTensor makes of it (the trace defers to the
+subclass and sees the collectives it issues). Only the calling thread is watched (dispatch modes are thread-local), and autograd's
 backward on CPU runs there too, so collectives issued in backward are counted. Each call is
 recorded once, as the op the caller reached: the ``c10d`` op a functional collective issues runs
 inside this mode's handler, where the mode is off.
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -54,6 +57,9 @@ FAMILIES = {
 FAMILY_OF = {op: family for family, ops in FAMILIES.items() for op in ops}
 POINT_TO_POINT = ("send", "recv")
 COLLECTIVE_FAMILIES = tuple(f for f in FAMILIES if f not in POINT_TO_POINT + ("barrier",))
+
+
+DEFER_TO = (DTensor, AsyncCollectiveTensor)
 
 
 class BuiltinSwitchedOff(RuntimeError):
@@ -127,6 +133,13 @@ class CollectiveTrace(TorchDispatchMode):
         self.calls: list[CollectiveCall] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
+        if any(issubclass(t, DEFER_TO) for t in types):
+            # A DTensor turns this op into collectives of its own (an asynchronous result
+            # waits for its collective first): defer to it, staying on the stack, so those
+            # come back here as plain ops (what torch's CommDebugMode does, _comm_mode.py).
+            return NotImplemented
         namespace = getattr(func, "namespace", "")
         watched = namespace in NAMESPACES and _short(func) not in NOT_COLLECTIVES
         if watched and FAMILY_OF.get(_short(func)) in self.forbid:
