@@ -3,16 +3,29 @@ as DDP does, and counts the bytes it all-reduces in ``state["bytes"]``.
 
 The checker runs the learner's hook on real ranks next to DDP's own all-reduce and a model
 with no communication at all, on random data from a fresh seed, and compares the gradients
-after every iteration, so a wrong answer gets a diagnosis rather than just "mismatch".
+after every iteration, so a wrong answer gets a diagnosis rather than just "mismatch". It
+also holds the hook to what the notebook says of it:
+
+* the bytes it counts are the bytes it all-reduces: every all-reduce is seen at the
+  dispatcher (:class:`CollectiveTrace`: ``dist.all_reduce``, an imported name, a
+  process-group method or a functional collective alike);
+* it is asynchronous: in one iteration one rank starts a random fraction of a second late,
+  and on the other ranks the Future each hook call returns must still be pending when the
+  hook returns (the all-reduce cannot have finished without the late rank). A hook that
+  waits (``async_op=False``, ``work.wait()``, a sleep, ``set_result`` on a finished sum)
+  returns a completed Future, and DDP's backward cannot go on computing meanwhile.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.course.params import flat_grads
 from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
 from ddp_lab.exercises.driver import where as on
@@ -21,6 +34,9 @@ from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 MODEL = MLPConfig(inputs=16, width=64, depth=3, outputs=2)
 SMALL_BUCKETS_MB = 0.01  # several buckets per iteration once they are rebuilt
 ITERATIONS = 3
+# One rank late in the last iteration: after DDP rebuilt its buckets (several hook calls),
+# and after the rebuild's broadcast in iteration 1's forward, which would absorb the delay.
+LATE_ITERATION = ITERATIONS - 1
 
 
 def counting_hook(state, bucket):
@@ -33,24 +49,45 @@ def counting_hook(state, bucket):
     return future.then(lambda fut: fut.value()[0])
 
 
-def _trial(hook, seed: int) -> dict:
+def _watched(hook, returns: list):
+    """The learner's hook, noting whether each Future it returns is already complete
+    (``Work.get_future()`` gives a ``torch._C.Future``, the base of torch.futures.Future)."""
+    def watched(state, bucket):
+        future = hook(state, bucket)
+        returns.append(future.done() if isinstance(future, torch._C.Future) else None)
+        return future
+    return watched
+
+
+def _trial(hook, seed: int, late_rank: int, late_s: float) -> dict:
     """On each rank: gradients after each iteration with the learner's hook ("theirs"),
-    with DDP's default ("ours") and without DDP ("local"), plus the bytes counted."""
+    with DDP's default ("ours") and without DDP ("local"), the bytes counted and sent, and
+    whether the hook's Futures were complete on return in the late iteration."""
     rank = dist.get_rank()
     theirs = DDP(make_mlp(MODEL, seed % 1000), bucket_cap_mb=SMALL_BUCKETS_MB)
     ours = DDP(make_mlp(MODEL, seed % 1000), bucket_cap_mb=SMALL_BUCKETS_MB)
     local = make_mlp(MODEL, seed % 1000)
-    state = {"bytes": 0}
-    theirs.register_comm_hook(state, hook)
-    grads = []
+    state, returns, sent = {"bytes": 0}, [], 0
+    theirs.register_comm_hook(state, _watched(hook, returns))
+    grads, late_returns = [], []
     for it in range(ITERATIONS):
         x = torch.randn(8, MODEL.inputs, generator=generator(seed, it, rank))
-        for model in (theirs, ours, local):
+        if it == LATE_ITERATION and rank == late_rank and late_s:
+            time.sleep(late_s)  # the others' all-reduces cannot finish before this rank's
+        start = len(returns)
+        with CollectiveTrace() as trace:
+            theirs.zero_grad()
+            theirs(x).square().mean().backward()
+        sent += sum(call.nbytes for call in trace.of("all_reduce"))
+        if it == LATE_ITERATION:
+            late_returns = returns[start:]
+        for model in (ours, local):
             model.zero_grad()
             model(x).square().mean().backward()
         grads.append({"theirs": flat_grads(theirs), "ours": flat_grads(ours),
                       "local": flat_grads(local)})
-    return {"grads": grads, "bytes": state["bytes"]}
+    return {"grads": grads, "bytes": state["bytes"], "sent": sent,
+            "late_returns": late_returns}
 
 
 def diagnose(g: dict, world: int) -> str | None:
@@ -72,21 +109,53 @@ def check_counting_hook(hook) -> str:
     seed = new_seed()
     expected = ITERATIONS * MODEL.parameters * 4
     for n in WORLD_SIZES:
-        for rank, result in enumerate(run_ranks(_trial, n, (hook, seed), where=on(n, seed),
-                                                timeout=60)):
+        late_rank, late_s = seed % n, (0.3 + seed % 300 / 1000 if n > 1 else 0.0)
+        results = run_ranks(_trial, n, (hook, seed, late_rank, late_s), where=on(n, seed),
+                            timeout=15)
+        for rank, result in enumerate(results):
+            if rank != late_rank:
+                _judge_returns(on(n, seed), rank, result["late_returns"], late_rank, late_s)
             for it, g in enumerate(result["grads"]):
                 problem = diagnose(g, n)
                 if problem:
                     raise ExerciseFailed(f"{on(n, seed)}, rank {rank}, iteration {it}: "
                                          f"{problem}")
-            if result["bytes"] != expected:
-                hint = ("it was never increased" if result["bytes"] == 0 else
-                        "count buffer.numel() * buffer.element_size() of every bucket")
-                raise ExerciseFailed(
-                    f"{on(n, seed)}, rank {rank}: state['bytes'] is {result['bytes']}, "
-                    f"expected {expected} (every gradient, float32, {ITERATIONS} "
-                    f"iterations): {hint}")
-    return f"DDP's gradients and every byte counted on 1-4 ranks (seed {seed})"
+            _judge_bytes(on(n, seed), rank, result, expected)
+    return (f"DDP's gradients, every byte counted and sent, the Future returned before the "
+            f"all-reduce finished, on 1-4 ranks (seed {seed})")
+
+
+def _judge_bytes(at: str, rank: int, result: dict, expected: int) -> None:
+    if result["bytes"] != expected:
+        hint = ("it was never increased" if result["bytes"] == 0 else
+                "count buffer.numel() * buffer.element_size() of every bucket")
+        raise ExerciseFailed(
+            f"{at}, rank {rank}: state['bytes'] is {result['bytes']}, expected {expected} "
+            f"(every gradient, float32, {ITERATIONS} iterations): {hint}")
+    if result["sent"] == 0:
+        raise ExerciseFailed(
+            f"{at}, rank {rank}: your hook issued no all-reduce: each rank kept its own "
+            "gradient (on one rank that is the average, on more it is not). All-reduce the "
+            "bucket's buffer.")
+    if result["sent"] != expected:
+        raise ExerciseFailed(
+            f"{at}, rank {rank}: your hook all-reduced {result['sent']} bytes in "
+            f"{ITERATIONS} iterations but counted {expected}: the gradients hold {expected}. "
+            "All-reduce each bucket's buffer once, in its own dtype.")
+
+
+def _judge_returns(at: str, rank: int, returns: list, late_rank: int, late_s: float) -> None:
+    if None in returns:
+        raise ExerciseFailed(f"{at}, rank {rank}: your hook returned something other than a "
+                             "torch.futures.Future: return the Future of the averaged buffer")
+    if any(returns):
+        raise ExerciseFailed(
+            f"{at}, rank {rank}, iteration {LATE_ITERATION}: the Future your hook returned was "
+            f"already complete when the hook returned, while rank {late_rank} was still "
+            f"{late_s:.2f} s late: the hook waited for the all-reduce (async_op=False, "
+            "work.wait(), a sleep, or a Future set by hand). Return the Work's Future "
+            "(get_future(), then .then(...) to pick the tensor) without waiting, so that "
+            "backward goes on while the bucket travels.")
 
 
 EXERCISES = (
@@ -95,9 +164,15 @@ EXERCISES = (
         notebook="07_inside_ddp",
         summary="my_hook(state, bucket): average the bucket like DDP, counting bytes in "
                 "state['bytes']",
-        hint="buffer = bucket.buffer(); add numel * element_size to state['bytes']; divide "
-             "by the world size; dist.all_reduce(buffer, async_op=True).get_future()"
-             ".then(lambda fut: fut.value()[0]).",
+        hint="bucket.buffer() is the flat tensor of the bucket's gradients. Count its bytes, "
+             "average it over the ranks without waiting for the result, and return a "
+             "torch.futures.Future whose value is the averaged tensor: a Work handle gives "
+             "you a Future, and a Future's then() turns its value into another one.",
+        recipe="1. buffer = bucket.buffer(); state['bytes'] += buffer.numel() * "
+               "buffer.element_size().\n2. buffer.div_(dist.get_world_size()).\n"
+               "3. work = dist.all_reduce(buffer, async_op=True) (never wait on it here).\n"
+               "4. return work.get_future().then(lambda fut: fut.value()[0]): the "
+               "all-reduce's Future holds a list of tensors; DDP wants the tensor.",
         solution=counting_hook,
         checker=check_counting_hook,
     ),

@@ -1,166 +1,236 @@
 """The capstone (notebook 07b): write your own DDP, checked against torch's.
 
 The learner's class is used as ``cls(module, bucket_mb=...)``: called like the module,
-``.sync_gradients()`` before the optimizer step, ``.module`` the wrapped model. The checker
-trains 3 steps on 1-4 ranks, each rank starting from a different random model (so the
-construction must broadcast rank 0's parameters and buffers), next to torch's
-DistributedDataParallel on the same data, and requires the same parameters after every
-step. Meanwhile ``dist.all_reduce`` is watched: the first all-reduce of every step must be
-issued while autograd is still running backward (communication overlapping computation),
-and with ``bucket_mb`` there must be one all-reduce per bucket, not one per parameter.
+``.sync_gradients()`` before the optimizer step, ``.module`` the wrapped model. On 1-4 ranks,
+per parameter and bucketed, ``capstone_trial.run_trial`` trains it next to torch's
+DistributedDataParallel on a model with a frozen layer, a branch some ranks skip, a layer no
+rank uses and a float16 parameter whose summed gradient overflows unless divided first.
+Every collective is seen at the dispatcher (``BackwardTrace``: ``dist.all_reduce``, imported
+names, process-group methods and functional collectives alike), so the check requires:
+rank 0's state after construction; one all-reduce per bucket (one dtype per bucket), in
+bucket order on every rank, with at most one small extra collective (a map of the parameters
+used); every bucket that can go during backward issued there, without waiting (one rank is
+late in the first step); torch's gradients (None where no rank used a parameter) and
+parameters; ``no_sync()`` as torch's if the class has it; and two backwards without
+``sync_gradients()`` either averaged like torch or refused with an error.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import time
+from collections import Counter
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.distributed import distributed_c10d
-from torch.nn.parallel import DistributedDataParallel
-
-from ddp_lab.exercises.builtins_off import replaced
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.course.ch07_inside_ddp.capstone_trial import (BUCKET_MB, STEPS, CapstoneNet,
+                                                           locally_unused, run_trial)
+from ddp_lab.exercises.driver import WORLD_SIZES, new_seed, run_ranks
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.ddp import DDP
 
-STEPS = 3
-BUCKET_MB = 600 / 2 ** 20  # this model in 2 buckets, the second one not full
 VARIANTS = (None, BUCKET_MB)
+HANG_HINT = ("Every rank must issue the same collectives in the same order: bucket k only "
+             "after buckets 0..k-1, also where a parameter got no gradient on this rank.")
 
 
-class ShiftedMLP(nn.Module):
-    """A small MLP whose input is shifted by a buffer: a replica that skipped the buffer's
-    broadcast computes something else."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
-                                 nn.Linear(16, 4))
-        self.register_buffer("shift", torch.randn(8))
-
-    def forward(self, x):
-        return self.net(x + self.shift)
-
-
-@contextlib.contextmanager
-def watching_all_reduce(model: nn.Module):
-    """Record, for each all_reduce the learner issues, when (time.time()), whether
-    autograd's backward was still running (torch._C._current_graph_task_id() is -1 outside
-    backward) and how many parameters still had no gradient."""
-    calls: list[dict] = []
-    original = distributed_c10d.all_reduce
-
-    def all_reduce(*args, **kwargs):
-        calls.append({"at": time.time(),
-                      "in_backward": torch._C._current_graph_task_id() != -1,
-                      "grads_missing": sum(p.grad is None for p in model.parameters())})
-        return original(*args, **kwargs)
-
-    with replaced(dist, "all_reduce", all_reduce), \
-            replaced(distributed_c10d, "all_reduce", all_reduce):
-        yield calls
-
-
-def _trial(cls, seed: int, bucket_mb) -> dict:
-    rank = dist.get_rank()
-    torch.manual_seed(seed % 1000 + rank)  # every rank different: construction must fix it
-    model = ShiftedMLP()
-    theirs = DistributedDataParallel(copy.deepcopy(model))
-    ours = cls(model, bucket_mb=bucket_mb)
-    expected_calls = len(DDP.plan_buckets(list(model.parameters()), bucket_mb))
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours.module, theirs)]
-    steps = [{"calls": None, "ours": _copies(ours.module, buffers=True),
-              "theirs": _copies(theirs.module, buffers=True)}]  # right after construction
-    for step in range(STEPS):
-        x = torch.randn(5, 8, generator=generator(seed, step, rank))
-        y = torch.randn(5, 4, generator=generator(seed, step, rank, 1))
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        with watching_all_reduce(ours.module) as calls:
-            F.mse_loss(ours(x), y).backward()
-            ours.sync_gradients()
-        optimizers[0].step()
-        F.mse_loss(theirs(x), y).backward()
-        optimizers[1].step()
-        steps.append({"calls": calls, "ours": _copies(ours.module),
-                      "theirs": _copies(theirs.module)})
-    return {"steps": steps, "expected_calls": expected_calls}
-
-
-def _copies(module: nn.Module, buffers: bool = False) -> list[torch.Tensor]:
-    tensors = list(module.parameters()) + (list(module.buffers()) if buffers else [])
-    return [t.detach().clone() for t in tensors]
+def plan(bucket_mb) -> list[list[tuple[str, int, str]]]:
+    """The buckets the check expects, as (name, numel, dtype) per parameter."""
+    model = CapstoneNet()
+    names = {id(p): name for name, p in model.named_parameters()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return [[(names[id(p)], p.numel(), str(p.dtype).replace("torch.", "")) for p in bucket]
+            for bucket in DDP.plan_buckets(trainable, bucket_mb)]
 
 
 def check_your_own_ddp(cls) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
+        late_rank, late_s = seed % n, (0.5 + seed % 300 / 1000 if n > 1 else 0.0)
         for bucket_mb in VARIANTS:
             label = "None" if bucket_mb is None else f"{bucket_mb:.6f}"
             where = f"{on(n, seed)}, bucket_mb={label}"
-            results = run_ranks(_trial, n, (cls, seed, bucket_mb), where=where, timeout=30)
+            results = run_ranks(run_trial, n, (cls, seed, bucket_mb, late_rank, late_s),
+                                where=where, hang_hint=HANG_HINT, timeout=15)
             for rank, result in enumerate(results):
-                _judge_construction(where, rank, result["steps"][0])
+                _judge_construction(where, rank, result["constructed"])
             for rank, result in enumerate(results):
-                _judge_steps(where, rank, result, bucket_mb)
-    return (f"the same parameters as torch's DDP after {STEPS} steps, all-reduces issued "
-            f"during backward, per parameter and per bucket, on 1-4 ranks (seed {seed})")
+                _judge_steps(where, rank, result, bucket_mb, late_s)
+            for rank, result in enumerate(results):
+                _judge_accumulation(where, rank, result)
+    no_sync = "no_sync() as torch's" if hasattr(cls, "no_sync") else "(no no_sync() to check)"
+    return (f"torch's DDP gradients and parameters after {STEPS} steps with frozen, unused and "
+            f"float16 parameters; one all-reduce per bucket, in order, issued during backward "
+            f"without waiting; {no_sync}; on 1-4 ranks (seed {seed})")
 
 
-def _judge_construction(where: str, rank: int, constructed: dict) -> None:
-    k = _first_difference(constructed)
-    if k is not None:
+def _judge_construction(where: str, rank: int, difference) -> None:
+    if difference is not None:
         raise ExerciseFailed(
-            f"{where}, rank {rank}: right after construction, parameter or buffer {k} differs "
-            "from torch's DDP (every rank starts from a different random model here). The "
-            "constructor must dist.broadcast every parameter and buffer from rank 0.")
+            f"{where}, rank {rank}: right after construction, {difference[0]} differs from "
+            f"torch's DDP by up to {difference[1]} (every rank starts from a different random "
+            "model here). The constructor must dist.broadcast every parameter (frozen ones "
+            "too) and every buffer from rank 0.")
 
 
-def _judge_steps(where: str, rank: int, result: dict, bucket_mb) -> None:
-    for step, record in enumerate(result["steps"][1:]):
+def _judge_steps(where: str, rank: int, result: dict, bucket_mb, late_s: float) -> None:
+    buckets = plan(bucket_mb)
+    for step, record in enumerate(result["steps"]):
         at = f"{where}, rank {rank}, step {step}"
-        _judge_calls(at, record["calls"], result["expected_calls"], bucket_mb)
-        k = _first_difference(record)
-        if k is not None:
-            diff = (record["ours"][k] - record["theirs"][k]).abs().max().item()
+        _judge_launches(at, record["issued"], buckets, locally_unused(step, rank))
+        if step == 0 and late_s and bucket_mb is not None:  # one rank late (bucketed)
+            _judge_waiting(at, record, result["late_s"], late_s)
+        _judge_grads(at, record["grads"], "")
+        if record["params"] is not None:
+            name, diff = record["params"]
             raise ExerciseFailed(
-                f"{at}: after the optimizer step, parameter {k} differs from torch's DDP by "
-                f"up to {diff:.3g}. The gradients must be the average over the ranks: "
-                "all-reduce (SUM) every gradient, wait, then divide by the world size.")
+                f"{at}: after the optimizer step, {name} differs from torch's DDP by up to "
+                f"{diff}. The gradients must be the average over the ranks: divide by the "
+                "world size and sum with the all-reduce.")
 
 
-def _first_difference(record: dict) -> int | None:
-    for k, (mine, torchs) in enumerate(zip(record["ours"], record["theirs"])):
-        try:
-            torch.testing.assert_close(mine, torchs)
-        except AssertionError:
-            return k
-    return None
-
-
-def _judge_calls(at: str, calls: list, expected: int, bucket_mb) -> None:
-    if not calls:
-        raise ExerciseFailed(f"{at}: no dist.all_reduce was issued during backward and "
-                             "sync_gradients(): the gradients were never averaged")
-    if not calls[0]["in_backward"]:
+def _judge_launches(at: str, issued: list, buckets: list, unused: set) -> None:
+    reduces = [call for call in issued if call[0] == "all_reduce"]
+    if not reduces:
+        raise ExerciseFailed(f"{at}: no all-reduce was issued (in any form) during backward "
+                             "and sync_gradients(): the gradients were never averaged")
+    blocked = next(k for k, b in enumerate(buckets) if {name for name, _, _ in b} & unused)
+    if blocked and not any(call[3] for call in reduces):
         raise ExerciseFailed(
-            f"{at}: the first all-reduce was issued after backward had ended. Register a "
-            "hook on each parameter (param.register_post_accumulate_grad_hook) and launch "
-            "the all-reduce there with async_op=True, so communication overlaps the rest "
-            "of backward; sync_gradients() only waits.")
-    if len(calls) != expected:
-        what = ("one per parameter" if bucket_mb is None else
-                "one per bucket: parameters in reverse order, a bucket closed once it "
-                "holds bucket_mb MiB or more")
-        raise ExerciseFailed(f"{at}: {len(calls)} all-reduces in this step, expected "
-                             f"{expected} ({what})")
+            f"{at}: the first all-reduce was issued after backward had ended. Register a hook "
+            "on each parameter that trains (param.register_post_accumulate_grad_hook) and "
+            "launch the all-reduce there with async_op=True, so communication overlaps the "
+            "rest of backward; sync_gradients() only waits.")
+    expected = [(sum(numel for _, numel, _ in b), b[0][2]) for b in buckets]
+    matched, extras = [], []
+    for call in issued:
+        k = len(matched)
+        fits = k < len(expected) and call[0] == "all_reduce" and call[1:3] == expected[k]
+        (matched if fits else extras).append(call)
+    if len(matched) < len(expected):
+        raise ExerciseFailed(f"{at}: {_order_problem(reduces, expected, buckets)}")
+    limit = sum(len(b) for b in buckets) * 4  # a map of the parameters used, from each rank
+    if len(extras) > 1 or any(call[1] > limit for call in extras):
+        raise ExerciseFailed(
+            f"{at}: besides one all-reduce per bucket, this step issued {extras} "
+            "(family, elements, dtype, in backward). A bucket's all-reduce is the whole cost; "
+            "at most one small collective more (a map of the parameters each rank used).")
+    late = [k for k in range(blocked) if not matched[k][3]]
+    if late:
+        first = "the first all-reduce" if late[0] == 0 else f"bucket {late[0]}'s all-reduce"
+        raise ExerciseFailed(
+            f"{at}: {first} was issued after backward had ended, though its gradients and "
+            "those of the buckets before it were all ready during backward. Launch each bucket from the hook of its last gradient "
+            "(param.register_post_accumulate_grad_hook) with async_op=True, so "
+            "communication overlaps the rest of backward; sync_gradients() only launches "
+            "buckets held back by a parameter that got no gradient, then waits.")
 
+
+def _order_problem(reduces: list, expected: list, buckets: list) -> str:
+    got = [tuple(call[1:3]) for call in reduces]
+    what = ("one per parameter" if all(len(b) == 1 for b in buckets) else
+            "one per bucket: parameters in reverse order, one dtype per bucket, a bucket "
+            "closed once it holds bucket_mb MiB or more")
+    shown = f"(elements, dtype) issued: {got}; expected, in this order: {expected}"
+    if not Counter(expected) - Counter(got):
+        return (f"the all-reduces came in another order than the buckets'. {shown}. Launch "
+                "bucket k only after buckets 0..k-1, even when a parameter got no gradient on "
+                "this rank: the ranks pair their all-reduces by order, so theirs must match.")
+    if "float16" not in {dtype for _, dtype in got}:
+        return (f"no all-reduce was float16: the float16 gain shared a bucket with float32 "
+                f"gradients (torch.cat promotes them silently). torch keeps one dtype per "
+                f"bucket. {shown}")
+    return f"{len(got)} all-reduces in this step, expected {len(expected)} ({what}). {shown}"
+
+
+def _judge_waiting(at: str, record: dict, my_late_s: float, late_s: float) -> None:
+    if not my_late_s and record["backward_s"] > late_s / 2:
+        raise ExerciseFailed(
+            f"{at}: backward() took {record['backward_s']:.2f} s here while another rank "
+            f"started {late_s:.2f} s late: something in your hooks waited for the other ranks "
+            "(async_op=False, or work.wait() in the hook). Launch with async_op=True and "
+            "keep the work; wait only in sync_gradients().")
+    if my_late_s and record["sync_s"] > late_s / 2:
+        raise ExerciseFailed(
+            f"{at}: this rank started {late_s:.2f} s late, so every other rank had issued its "
+            f"all-reduces long before, yet sync_gradients() took {record['sync_s']:.2f} s here: "
+            "it must wait on the work handles (work.wait()), not sleep.")
+
+
+def _judge_grads(at: str, differences: list, context: str) -> None:
+    if not differences:
+        return
+    name, kind, detail = differences[0]
+    say = {
+        "none": f"{name}.grad is a tensor where torch's is None: no rank computed a gradient "
+                "for it in this step (frozen, or unused everywhere). Leave .grad None there: "
+                "all-reduce a map of the parameters each rank used, and skip those no rank "
+                "used (zeros would still move it through momentum and weight decay).",
+        "missing": f"{name}.grad is None where torch's is the average: this rank did not use "
+                   "it, but others did; it gets their average (its own share counted as "
+                   "zeros).",
+        "overflow": f"{name}'s {detail} gradient is inf or nan where torch's is finite: 40000 "
+                    "on every rank, summed over the ranks, overflows float16 (65504 at most). "
+                    "torch divides each gradient by the world size while copying it into the "
+                    "bucket, before the sum: divide first.",
+        "values": f"{name}'s gradient differs from torch's DDP by up to {detail}. The "
+                  "gradients must be the average over the ranks: divide by the world size "
+                  "and sum with the all-reduce, then wait before reading the result.",
+    }[kind]
+    raise ExerciseFailed(f"{at}{context}: {say}")
+
+
+def _judge_accumulation(where: str, rank: int, result: dict) -> None:
+    at = f"{where}, rank {rank}"
+    if "no_sync" in result:
+        if result["no_sync"]["raised"]:
+            raise ExerciseFailed(
+                f"{at}: gradient accumulation inside no_sync() (one micro-batch in "
+                "no_sync(), then one synced, as with torch's no_sync()) raised "
+                f"{result['no_sync']['raised']}")
+        if result["no_sync"]["inside"]:
+            raise ExerciseFailed(f"{at}: inside no_sync() your DDP issued "
+                                 f"{result['no_sync']['inside']} all-reduces: no_sync() keeps "
+                                 "the gradients local until the first backward after it.")
+        _judge_grads(at, result["no_sync"]["grads"], ", one micro-batch in no_sync() then "
+                     "one synced (against torch's no_sync())")
+    twice = result.get("twice", {"raised": "not run"})
+    if twice["raised"] is None and twice["grads"]:
+        name, kind, detail = twice["grads"][0]
+        raise ExerciseFailed(
+            f"{at}: two backward passes with no sync_gradients() between them left {name}'s "
+            f"gradient different from torch's DDP ({kind} {detail}; torch averages each "
+            "backward). Raise an error when a gradient arrives a second time before "
+            "sync_gradients() (else a forgotten sync_gradients() goes unnoticed), and offer "
+            "no_sync() for gradient accumulation.")
+
+
+HINT = ("Three jobs. The same start: every rank takes rank 0's parameters and buffers. "
+        "Gradients averaged as they become ready: a hook on each parameter that trains, "
+        "buckets of one dtype in reverse parameter order, each launched without waiting once "
+        "its gradients are final and the buckets before it have gone. sync_gradients() "
+        "finishes: buckets held back by parameters this rank did not use, the wait, the "
+        "averages into .grad. The check's report names the trap it found.")
+
+RECIPE = """\
+__init__(module, bucket_mb):
+  1. self.module = module; broadcast (src=0, under torch.no_grad()) every tensor of
+     module.parameters() and module.buffers(), frozen parameters too.
+  2. params = the parameters with requires_grad; plan buckets over reversed(params): one open
+     bucket per dtype, a parameter joins its dtype's bucket, which closes once it holds
+     bucket_mb * 2**20 bytes or more (bucket_mb=None: one parameter per bucket); sort the
+     buckets by the position of their first parameter.
+  3. p.register_post_accumulate_grad_hook(self._ready) on each of params.
+_ready(p): mark p arrived in its bucket (a second arrival before sync_gradients(): raise);
+  while the next bucket to launch has all its gradients: launch it and move on.
+launch(bucket): flat = torch.cat of the grads (zeros for a grad that is None), divided by the
+  world size BEFORE the sum; work = dist.all_reduce(flat, async_op=True); keep (work, flat).
+sync_gradients():
+  1. launch every bucket not launched yet, in order (their unused parameters count as zeros);
+  2. all-reduce a tensor with 1 for each parameter used on this rank (0 after it: no rank used
+     it);
+  3. for each (work, flat): work.wait(), then copy each parameter's slice into its .grad
+     (set .grad where it is None), except parameters no rank used: their .grad stays None;
+  4. reset the per-step state.
+forward(*args, **kwargs): self.module(*args, **kwargs).
+Optional: no_sync(), a context manager during which the hooks launch nothing."""
 
 EXERCISES = (
     Exercise(
@@ -169,11 +239,8 @@ EXERCISES = (
         summary="MyDDP(module, bucket_mb=None): broadcast at construction, async all-reduce "
                 "from post-accumulate-grad hooks (per parameter or per bucket), "
                 "sync_gradients() before the step",
-        hint="__init__: dist.broadcast every parameter and buffer from rank 0, then "
-             "p.register_post_accumulate_grad_hook(...) on each parameter; in the hook, "
-             "dist.all_reduce(..., async_op=True) and keep the work; sync_gradients(): "
-             "wait on each work and divide by the world size. ddp_lab.scratch.DDP is one "
-             "answer.",
+        hint=HINT,
+        recipe=RECIPE,
         solution=DDP,
         checker=check_your_own_ddp,
     ),
