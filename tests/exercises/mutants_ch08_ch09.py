@@ -6,10 +6,20 @@ checks every one with a single parametrized test. Data and functions only, no te
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
 import torch.nn.functional as F
+from torch.distributed import (all_gather, all_gather_object, all_reduce, broadcast, recv, reduce,
+                               send)
 from torch.distributed.algorithms.join import Join
+from torch.distributed.distributed_c10d import _get_default_group
+
+from ddp_lab.course.ch08_when_it_breaks import exercises_b as ch08b
+from ddp_lab.course.ch09_torchrun import exercises as ch09
+from ddp_lab.course.ch09_torchrun import exercises_b as ch09b
 
 
 # -- 08 --------------------------------------------------------------------------------------
@@ -163,17 +173,302 @@ def no_machine_limit(visible, local_rank, gpus):
     return ordinals[local_rank] if local_rank < len(ordinals) else None
 
 
+# -- 08: more wrong answers ----------------------------------------------------------------------
+def ddp_join_method(ddp_model, optimizer, batches):
+    with ddp_model.join():
+        plain_loop(ddp_model, optimizer, batches)
+
+
+def imported_max(ddp_model, optimizer, batches):
+    steps = torch.tensor(len(batches))
+    all_reduce(steps, op=dist.ReduceOp.MAX)
+    plain_loop(ddp_model, optimizer, batches[:int(steps)])
+
+
+def wait_for_the_others(ddp_model, optimizer, batches):
+    """Runs out, then waits a little for the others instead of agreeing: they still hang."""
+    plain_loop(ddp_model, optimizer, batches)
+    threading.Event().wait(0.5)
+
+
+def functional_min_off_by_one(ddp_model, optimizer, batches):
+    steps = fc.wait_tensor(fc.all_reduce(torch.tensor([len(batches)]), "min", dist.group.WORLD))
+    plain_loop(ddp_model, optimizer, batches[:int(steps) - 1])
+
+
+# -- 08: right but different --------------------------------------------------------------------
+def imported_min(ddp_model, optimizer, batches):
+    steps = torch.tensor(len(batches))
+    all_reduce(steps, op=dist.ReduceOp.MIN)
+    plain_loop(ddp_model, optimizer, batches[:int(steps)])
+
+
+def gathered_counts_min(ddp_model, optimizer, batches):
+    counts = [None] * dist.get_world_size()
+    all_gather_object(counts, len(batches))
+    plain_loop(ddp_model, optimizer, batches[:min(counts)])
+
+
+def agree_every_step(ddp_model, optimizer, batches):
+    """Before each step, all ranks agree whether every one of them still has a batch."""
+    for step in range(len(batches) + 1):
+        more = torch.tensor(int(step < len(batches)))
+        dist.all_reduce(more, op=dist.ReduceOp.MIN)
+        if not more:
+            return
+        plain_loop(ddp_model, optimizer, batches[step:step + 1])
+
+
+def process_group_min(ddp_model, optimizer, batches):
+    steps, options = torch.tensor([len(batches)]), dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MIN
+    _get_default_group().allreduce([steps], options).wait()
+    plain_loop(ddp_model, optimizer, batches[:int(steps)])
+
+
+# -- 08b: more wrong answers ----------------------------------------------------------------------
+def last_entry_of_each(records):
+    """The reference's idea with entries[-1]: trips on a rank that recorded nothing."""
+    last = {rank: entries[-1][0] for rank, entries in records.items()}
+    stuck = min(last.values()) + 1
+    names = {s: n for entries in records.values() for s, n in entries}
+    if stuck not in names:
+        return None
+    return stuck, names[stuck], sorted(r for r, s in last.items() if s < stuck)
+
+
+def level_when_same_length(records):
+    if len({len(entries) for entries in records.values()}) == 1:
+        return None
+    return ch08b.first_unjoined(records)
+
+
+# -- 08b: right but different -----------------------------------------------------------------------
+def sorted_scan(records):
+    last = {r: max([s for s, _ in e] or [0]) for r, e in records.items()}
+    behind = min(last.values())
+    for entries in records.values():
+        for seq, name in entries:
+            if seq == behind + 1:
+                return [seq, name, {r for r, s in last.items() if s == behind}]
+    return None
+
+
+# -- 09: more wrong answers ----------------------------------------------------------------------
+def imported_everyone_sum(value, local_world_size):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    all_reduce(t)
+    return t.item()
+
+
+def process_group_everyone_sum(value, local_world_size):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    _get_default_group().allreduce([t]).wait()
+    return t.item()
+
+
+def functional_everyone_sum(value, local_world_size):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    return fc.wait_tensor(fc.all_reduce(t, "sum", dist.group.WORLD)).item()
+
+
+def c10d_module_everyone_sum(value, local_world_size):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.distributed_c10d.all_reduce(t)
+    return t.item()
+
+
+def gather_everything_then_pick(value, local_world_size):
+    """Right numbers, but every value crosses every node."""
+    everyone = dist.new_group(list(range(dist.get_world_size())))
+    values = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    all_gather(values, torch.tensor([float(value)], dtype=torch.float64), group=everyone)
+    first = dist.get_rank() - dist.get_rank() % local_world_size
+    return float(sum(v.item() for v in values[first:first + local_world_size]))
+
+
+def node_sum_as_tensor(value, local_world_size):
+    return torch.tensor(ch09.node_sum(value, local_world_size))
+
+
+def leaders_gather(tensor, local_world_size):
+    """Leaders gather every node's sum instead of one all-reduce: (k - 1) tensors across."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    nodes = [dist.new_group(list(range(f, f + local_world_size)))
+             for f in range(0, world, local_world_size)]
+    leaders = dist.new_group(list(range(0, world, local_world_size)))
+    leader, out = rank - rank % local_world_size, tensor.clone()
+    reduce(out, dst=leader, group=nodes[rank // local_world_size])
+    if rank == leader:
+        sums = [torch.empty_like(out) for _ in range(world // local_world_size)]
+        all_gather(sums, out, group=leaders)
+        out = torch.stack(sums).sum(dim=0)
+    broadcast(out, src=leader, group=nodes[rank // local_world_size])
+    return out
+
+
+def everyone_sends_to_rank0(tensor, local_world_size):
+    """Point to point across nodes from ranks that are not their node's first."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    if rank == 0:
+        for peer in range(1, world):
+            incoming = torch.empty_like(tensor)
+            recv(incoming, peer)
+            out += incoming
+        for peer in range(1, world):
+            send(out, peer)
+    else:
+        send(tensor, 0)
+        recv(out, 0)
+    return out
+
+
+def flat_process_group_allreduce(tensor, local_world_size):
+    out = tensor.clone()
+    _get_default_group().allreduce([out]).wait()
+    return out
+
+
+# -- 09: right but different --------------------------------------------------------------------
+def node_sum_float32(value, local_world_size):
+    """The first hint with torch.tensor([value]) (float32): passes."""
+    groups = [dist.new_group(list(range(f, f + local_world_size)))
+              for f in range(0, dist.get_world_size(), local_world_size)]
+    t = torch.tensor([value])
+    all_reduce(t, group=groups[dist.get_rank() // local_world_size])
+    return t.item()
+
+
+def node_sum_group_method(value, local_world_size):
+    groups = [dist.new_group(list(range(f, f + local_world_size)))
+              for f in range(0, dist.get_world_size(), local_world_size)]
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    groups[dist.get_rank() // local_world_size].allreduce([t]).wait()
+    return t.item()
+
+
+def node_sum_local_sync(value, local_world_size):
+    """Only its own node's group, made with use_local_synchronization=True."""
+    first = dist.get_rank() - dist.get_rank() % local_world_size
+    group = dist.new_group(list(range(first, first + local_world_size)),
+                           use_local_synchronization=True)
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    all_reduce(t, group=group)
+    return t.item()
+
+
+def all_reduce_in_node_first(tensor, local_world_size):
+    """All-reduce (not reduce) inside the node; leaders all-reduce; broadcast in the node."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    nodes = [dist.new_group(list(range(f, f + local_world_size)))
+             for f in range(0, world, local_world_size)]
+    leaders = dist.new_group(list(range(0, world, local_world_size)))
+    leader, out = rank - rank % local_world_size, tensor.clone()
+    all_reduce(out, group=nodes[rank // local_world_size])
+    if rank == leader:
+        fc_out = fc.wait_tensor(fc.all_reduce(out, "sum", leaders))
+        out.copy_(fc_out)
+    broadcast(out, src=leader, group=nodes[rank // local_world_size])
+    return out
+
+
+# -- 09b: more wrong answers and right-but-different ------------------------------------------------
+def digits_only_parser(visible, local_rank, gpus):
+    """Ends the list at '1gpu', which torch reads as 1 (the old reference did)."""
+    ordinals = list(range(gpus)) if visible is None else []
+    for item in ([] if visible is None else visible.split(",")):
+        item = item.strip()
+        ordinal = int(item) if item.lstrip("+-").isdigit() else -1
+        if ordinal in ordinals:
+            return None
+        if ordinal < 0:
+            break
+        ordinals.append(ordinal)
+    present = []
+    for ordinal in ordinals:
+        if ordinal >= gpus:
+            break
+        present.append(ordinal)
+    return present[local_rank] if local_rank < len(present) else None
+
+
+def skip_typos(visible, local_rank, gpus):
+    cleaned = None if visible is None else ",".join(
+        item for item in visible.split(",") if item.strip().lstrip("+-").isdigit())
+    return ch09b.physical_gpu(cleaned, local_rank, gpus)
+
+
+def int_of_every_entry(visible, local_rank, gpus):
+    ordinals = list(range(gpus)) if visible is None else [int(i) for i in visible.split(",")]
+    ordinals = ordinals[:next((i for i, o in enumerate(ordinals) if o < 0 or o >= gpus),
+                              len(ordinals))]
+    return ordinals[local_rank] if local_rank < len(ordinals) else None
+
+
+def strtoul_by_hand(visible, local_rank, gpus):
+    """Reads each entry character by character, like C's strtoul."""
+    seen = list(range(gpus)) if visible is None else []
+    for item in ([] if visible is None else visible.split(",")):
+        item, digits = item.strip(), ""
+        for i, c in enumerate(item):
+            if c.isdigit() or (i == 0 and c in "+-"):
+                digits += c
+            else:
+                break
+        ordinal = int(digits) if digits.lstrip("+-") else -1
+        if ordinal in seen:
+            return None
+        if ordinal < 0:
+            break
+        seen.append(ordinal)
+    seen = seen[:next((i for i, o in enumerate(seen) if o >= gpus), len(seen))]
+    return seen[local_rank] if local_rank < len(seen) else None
+
+
+RIGHT = [
+    ("08.stop_together", imported_min),
+    ("08.stop_together", gathered_counts_min),
+    ("08.stop_together", agree_every_step),
+    ("08.stop_together", process_group_min),
+    ("08b.first_unjoined", sorted_scan),
+    ("09.node_sum", node_sum_float32),
+    ("09.node_sum", node_sum_group_method),
+    ("09.node_sum", node_sum_local_sync),
+    ("09.hierarchical_all_reduce", all_reduce_in_node_first),
+    ("09b.physical_gpu", strtoul_by_hand),
+]
+
+
 MUTANTS = [
+    ("08.stop_together", ddp_join_method, "Join is switched off"),
+    ("08.stop_together", imported_max, "agree on that number"),
+    ("08.stop_together", wait_for_the_others, "left the run early|hung"),
+    ("08.stop_together", functional_min_off_by_one, "exactly min"),
+    ("08b.first_unjoined", last_entry_of_each, "recorded nothing"),
+    ("08b.first_unjoined", level_when_same_length, "not the lengths"),
+    ("09.node_sum", imported_everyone_sum, "default group"),
+    ("09.node_sum", process_group_everyone_sum, "default group"),
+    ("09.node_sum", functional_everyone_sum, "default group"),
+    ("09.node_sum", c10d_module_everyone_sum, "default group"),
+    ("09.node_sum", gather_everything_then_pick, "span nodes"),
+    ("09.node_sum", node_sum_as_tensor, "got a tensor"),
+    ("09.hierarchical_all_reduce", leaders_gather, "across nodes"),
+    ("09.hierarchical_all_reduce", everyone_sends_to_rank0, "span nodes"),
+    ("09.hierarchical_all_reduce", flat_process_group_allreduce, "default group"),
+    ("09b.physical_gpu", digits_only_parser, "strtoul"),
+    ("09b.physical_gpu", skip_typos, "seed"),
+    ("09b.physical_gpu", int_of_every_entry, "raised ValueError"),
     ("08.stop_together", plain_loop, "agree on that number"),
     ("08.stop_together", agreed_on_max, "agree on that number"),
     ("08.stop_together", joined, "Join is switched off"),
     ("08.stop_together", one_step_short, "exactly min"),
     ("09.node_sum", everyone_sum, "default group"),
     ("09.node_sum", rank_sum_closed_form, "its node's sum"),
-    ("09.node_sum", strided_nodes, "its node's sum"),
+    ("09.node_sum", strided_nodes, "span nodes|its node's sum"),
     ("09.hierarchical_all_reduce", flat_all_reduce, "default group"),
     ("09.hierarchical_all_reduce", node_only, "sum over all ranks"),
-    ("09.hierarchical_all_reduce", all_ranks_in_one_group, "spans nodes"),
+    ("09.hierarchical_all_reduce", all_ranks_in_one_group, "span nodes"),
     ("09.hierarchical_all_reduce", leaders_never_broadcast, "sum over all ranks"),
     ("08b.first_unjoined", shortest_record, "not the lengths"),
     ("08b.first_unjoined", last_common_seq, "one past the smallest last seq"),

@@ -82,8 +82,7 @@ def check_stop_together(fn) -> str:
     for n in WORLD_SIZES:
         counts = batch_counts(seed, n)
         where = f"{on(n, seed)} holding {counts} batches"
-        weights = run_ranks(_trial, n, (fn, seed, counts), where=where, hang_hint=HANG_HINT,
-                            timeout=15)
+        weights = run_ranks(_trial, n, (fn, seed, counts), where=where, hang_hint=HANG_HINT)
         expected = reference_weights(seed, counts)
         for rank, got in enumerate(weights):
             if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
@@ -101,8 +100,13 @@ EXERCISES = (
         notebook="08_when_it_breaks",
         summary="train_in_step(ddp_model, optimizer, batches): one step per batch, every "
                 "rank stopping when the first runs out",
-        hint="steps = torch.tensor(len(batches)); dist.all_reduce(steps, op=ReduceOp.MIN); "
-             "then train on batches[:steps].",
+        hint="a rank cannot see how many batches the others hold, so the ranks must agree, "
+             "before the loop, on how many steps every one of them can take; agreeing is a "
+             "collective. Which dist.ReduceOp turns everyone's count into that number?",
+        recipe="steps = torch.tensor(len(batches)); dist.all_reduce(steps, "
+               "op=dist.ReduceOp.MIN); then for x, y in batches[:int(steps)]: "
+               "optimizer.zero_grad(); F.mse_loss(ddp_model(x), y).backward(); "
+               "optimizer.step().",
         solution=train_in_step,
         checker=check_stop_together,
     ),

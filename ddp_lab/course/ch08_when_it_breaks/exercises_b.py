@@ -5,7 +5,8 @@ What ``torchfrtrace`` does for the notebook's dumps, reduced to its core: each r
 is a list of ``(seq, collective)`` entries, the collectives that rank issued, by sequence
 number. The records are random per check: world sizes 1-8, a ring buffer that has dropped
 each rank's oldest entries (so the lists start at different seqs and their lengths say
-nothing), ranks that joined the stuck collective and went on with async ones. A pure
+nothing), ranks that joined the stuck collective and went on with async ones, and on every
+check ranks stuck at the very first collective (their records are empty). A pure
 function, checked in this process.
 """
 
@@ -36,14 +37,18 @@ def first_unjoined(records: dict[int, list[tuple[int, str]]]):
     return stuck_at, names[stuck_at], behind
 
 
-def random_records(rng: random.Random):
+def random_records(rng: random.Random, first_collective_stuck: bool = False):
     """Records of ``world`` ranks and the answer: every rank issued collectives 1..k-1, the
     ranks not in ``missing`` also k (and, when some rank is stuck, maybe a few async ones
-    after), each record cut to its newest ``capacity`` entries like a ring buffer."""
-    world = rng.randint(1, 8)
-    k = rng.randint(2, 12)
+    after), each record cut to its newest ``capacity`` entries like a ring buffer. With
+    ``first_collective_stuck`` the very first collective is the stuck one: the missing ranks'
+    records are empty."""
+    world = rng.randint(2, 8) if first_collective_stuck else rng.randint(1, 8)
+    k = 1 if first_collective_stuck else rng.randint(1, 12)
     names = {seq: rng.choice(NAMES) for seq in range(1, k + 4)}
-    missing = sorted(rng.sample(range(world), rng.randint(0, world - 1))) if world > 1 else []
+    least = 1 if first_collective_stuck else 0
+    missing = sorted(rng.sample(range(world), rng.randint(least, world - 1))) if world > 1 \
+        else []
     capacity = rng.randint(2, 6)
     witness = rng.choice([rank for rank in range(world) if rank not in missing])
     records = {}
@@ -61,16 +66,19 @@ def random_records(rng: random.Random):
 def check_first_unjoined(fn) -> str:
     seed = new_seed()
     rng = random.Random(seed)
-    for _ in range(TRIALS):
-        records, want = random_records(rng)
+    for trial in range(TRIALS):
+        records, want = random_records(rng, first_collective_stuck=trial == TRIALS - 1)
         copy = {rank: list(entries) for rank, entries in records.items()}
         try:
             got = fn(copy)
         except NotImplementedError:
             raise
         except Exception as err:
+            empty = [rank for rank, entries in records.items() if not entries]
+            said = (f" Ranks {empty} recorded nothing: they never reached the first "
+                    "collective." if empty else "")
             raise ExerciseFailed(f"(seed {seed}) on records {records} your function raised "
-                                 f"{err!r}; expected {want!r}") from None
+                                 f"{err!r}; expected {want!r}.{said}") from None
         if _normal(got) != want:
             raise ExerciseFailed(
                 f"(seed {seed}) records (rank: [(seq, collective), ...]) {records}: expected "
@@ -94,8 +102,15 @@ EXERCISES = (
         notebook="08b_debugging_today",
         summary="my_first_unjoined(records): (seq, collective, ranks that never joined) of "
                 "the first collective not every rank reached, or None",
-        hint="each rank's last seq is max(seq for seq, _ in its entries); the stuck one is "
-             "min(last) + 1; its name is in the records of a rank that got there.",
+        hint="a ring buffer drops a rank's oldest entries, so neither the lengths nor the "
+             "first entries say how far a rank got; its newest entry does, and sequence "
+             "numbers go up by one per collective on every rank. A rank may have recorded "
+             "nothing at all.",
+        recipe="last = {rank: max((seq for seq, _ in entries), default=0) for rank, entries "
+               "in records.items()}; stuck = min(last.values()) + 1; names = {seq: name for "
+               "entries in records.values() for seq, name in entries}; if stuck not in "
+               "names: return None (every rank is level); else return (stuck, names[stuck], "
+               "sorted(rank for rank, seq in last.items() if seq < stuck)).",
         solution=first_unjoined,
         checker=check_first_unjoined,
     ),

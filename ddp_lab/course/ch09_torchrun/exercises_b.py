@@ -2,7 +2,7 @@
 ``CUDA_VISIBLE_DEVICES`` value?
 
 A pure function, checked in this process on random values of the variable (permutations,
-subsets, repeats, negative and out-of-range ordinals, spaces, empty, unset) against torch's
+subsets, repeats, negative and out-of-range ordinals, spaces, typos, empty, unset) against torch's
 own parser ``torch.cuda._parse_visible_devices`` (through the notebook's
 ``by_hand.visible_devices``, which sets the variable and cuts the list at the first ordinal
 the machine lacks, as the driver does). Torch's parser is switched off while the learner's
@@ -12,6 +12,7 @@ function runs.
 from __future__ import annotations
 
 import random
+import re
 
 import torch.cuda
 
@@ -25,16 +26,15 @@ TRIALS = 300
 
 def physical_gpu(visible, local_rank: int, gpus: int):
     """Reference: parse the list as torch does (a repeated ordinal hides every GPU; the
-    list stops at the first entry that is not a non-negative number), then cut it at the
-    first ordinal this machine lacks; ``cuda:local_rank`` is its item ``local_rank``, or
-    None when the process sees fewer GPUs than that."""
+    list stops at the first entry that does not start with a non-negative number), then cut
+    it at the first ordinal this machine lacks; ``cuda:local_rank`` is its item
+    ``local_rank``, or None when the process sees fewer GPUs than that."""
     if visible is None:
         ordinals = list(range(gpus))
     else:
         ordinals = []
         for item in visible.split(","):
-            item = item.strip()
-            ordinal = int(item) if item.lstrip("+-").isdigit() else -1
+            ordinal = leading_ordinal(item.strip())
             if ordinal in ordinals:
                 return None  # a repeat: the driver shows no GPU at all
             if ordinal < 0:
@@ -48,16 +48,30 @@ def physical_gpu(visible, local_rank: int, gpus: int):
     return present[local_rank] if local_rank < len(present) else None
 
 
+def leading_ordinal(item: str) -> int:
+    """What torch reads from one entry (``_strtoul`` in torch/cuda/__init__.py, like C's
+    strtoul): an optional sign and the digits that follow, so ``1gpu2`` is 1; -1 when the
+    entry does not start with a number (``gpu1``, ``x``, empty)."""
+    match = re.match(r"[+-]?\d+", item)
+    return int(match.group()) if match else -1
+
+
+# Typos as the text means them: entries torch reads by their leading digits, or not at all.
+TYPOS = ("{k}gpu", "{k}a", "gpu{k}", "x", "", "+{k}")
+
+
 def random_setting(rng: random.Random, gpus: int):
     """A value of CUDA_VISIBLE_DEVICES: None (unset) now and then, else 0-5 entries drawn
-    from the machine's ordinals, one past them, and -1, some with spaces around."""
+    from the machine's ordinals, one past them, -1 and typos, some with spaces around."""
     if rng.random() < 0.1:
         return None
     pool = list(range(gpus + 2)) + [-1]
     count = rng.randint(0, 5)
     entries = rng.sample(pool, min(count, len(pool))) if rng.random() < 0.7 else \
         [rng.choice(pool) for _ in range(count)]
-    return ",".join(f" {e}" if rng.random() < 0.2 else str(e) for e in entries)
+    entries = [rng.choice(TYPOS).format(k=e) if e >= 0 and rng.random() < 0.2 else str(e)
+               for e in entries]
+    return ",".join(f" {e}" if rng.random() < 0.2 else e for e in entries)
 
 
 def expected_gpu(visible, local_rank: int, gpus: int):
@@ -86,8 +100,9 @@ def check_physical_gpu(fn) -> str:
             raise ExerciseFailed(
                 f"(seed {seed}) {call} should be {want!r}, got {got!r}. "
                 "cuda:k is the k-th visible GPU; a repeated ordinal hides them all, a "
-                "negative one or one the machine lacks ends the list; None when there is "
-                "no cuda:local_rank.")
+                "negative one or one the machine lacks ends the list, and so does an entry "
+                "that does not start with a number (torch reads '1gpu' as 1, like C's "
+                "strtoul); None when there is no cuda:local_rank.")
     return f"the same GPUs as torch's parser on {TRIALS} random settings (seed {seed})"
 
 
@@ -97,8 +112,16 @@ EXERCISES = (
         notebook="09b_launching_in_practice",
         summary="my_physical_gpu(visible, local_rank, gpus): the physical GPU behind "
                 "cuda:local_rank under CUDA_VISIBLE_DEVICES=visible, or None",
-        hint="None means every GPU; split on ',', strip, stop at a negative or non-number, "
-             "a repeat means no GPU; then stop at the first ordinal >= gpus; item local_rank.",
+        hint="section 3's rules, in the order torch applies them: read the entries one by "
+             "one (torch.cuda._parse_visible_devices in torch/cuda/__init__.py is the model; "
+             "note how it reads an entry that is not a clean number), then let the machine's "
+             "GPU count cut the list; cuda:k is what is left at k.",
+        recipe="If visible is None: ordinals = range(gpus). Else for each item of "
+               "visible.split(','): x = the number at the start of item.strip() (optional "
+               "sign, then digits: '1gpu' is 1), -1 if there is none; if x is already in the "
+               "list return None (a repeat hides every GPU); if x < 0 stop; else append. "
+               "Then keep the ordinals up to the first one >= gpus; return item local_rank "
+               "of what is left, or None if it is too short.",
         solution=physical_gpu,
         checker=check_physical_gpu,
     ),
