@@ -258,7 +258,32 @@ def reduce_scatters_in_half_precision(g):
     return shard.float() / dist.get_world_size()
 
 
+def sends_from_each_owner(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    rank, world, works = dist.get_rank(), dist.get_world_size(), []
+    for p, owner in zip(params, owners):
+        if rank == owner:
+            works += [dist.isend(p.data, dst=r) for r in range(world) if r != owner]
+        else:
+            works.append(dist.irecv(p.data, src=owner))
+    for work in works:
+        work.wait()
+
+
 # 10.shard_gradient: right answers that differ from the reference ----------------------------
+
+def exchanges_the_parts_directly(g):
+    flat, rank, world = _padded(g), dist.get_rank(), dist.get_world_size()
+    parts = flat.chunk(world)
+    inbox = [parts[rank].clone() if r == rank else torch.empty_like(parts[rank])
+             for r in range(world)]
+    works = [dist.isend(parts[r].contiguous(), dst=r) for r in range(world) if r != rank]
+    works += [dist.irecv(inbox[r], src=r) for r in range(world) if r != rank]
+    for work in works:
+        work.wait()
+    return torch.stack(inbox).sum(0) / world
+
 
 def _empty_shard(flat):
     return torch.empty(flat.numel() // dist.get_world_size(), dtype=flat.dtype)
@@ -467,6 +492,8 @@ RIGHT = [
     ("10.zero1_step", broadcasts_with_an_imported_name),
     ("10.zero1_step", broadcasts_with_the_group_method),
     ("10.zero1_step", broadcasts_asynchronously_skipping_the_untouched),
+    ("10.zero1_step", sends_from_each_owner),
+    ("10.shard_gradient", exchanges_the_parts_directly),
     ("10.shard_gradient", reduce_scatter_averaging),
     ("10.shard_gradient", reduce_scatter_with_an_imported_name),
     ("10.shard_gradient", reduce_scatter_with_the_group_method),

@@ -48,8 +48,11 @@ def _padded(t: torch.Tensor, world: int) -> torch.Tensor:
     return F.pad(t.flatten(), (0, (-t.numel()) % world))
 
 
-def _sent(call) -> float:
-    """Bytes this rank sends for one call (a ring's share), its list counted whole."""
+def sent(call) -> float:
+    """Bytes this rank sends for one call by the design of the collective it chose (a
+    ring's share, CollectiveCall.bytes_per_rank), its list counted whole. What gloo runs
+    underneath is not held against the learner: in torch 2.13 it has no reduce-scatter of
+    its own and runs an all-reduce (notebook 03b, reduce_scatter_underneath)."""
     return call.bytes_per_rank * call.whole_nbytes / call.nbytes if call.nbytes else 0.0
 
 
@@ -67,7 +70,7 @@ def _shard_trial(fn, seed: int) -> list:
         results.append({"shape": shape, "got": got, "expected": average.chunk(world)[rank],
                         "own": _padded(grads[rank], world).chunk(world)[rank],
                         "chunks": average.chunk(world), "padded_bytes": average.numel() * 4,
-                        "calls": [(c.family, _sent(c), c.dtype) for c in trace.moving_data()]})
+                        "calls": [(c.family, sent(c), c.dtype) for c in trace.moving_data()]})
     return results
 
 
@@ -105,9 +108,9 @@ def _cost_problem(r: dict, n: int) -> str | None:
     if len(collectives) > 1:
         return (f"it made {len(collectives)} collectives ({made}): one reduce-scatter sums "
                 "over the ranks and hands each rank its part in a single collective")
-    sent, budget = sum(b for _, b, _ in r["calls"]), (n - 1) / n * r["padded_bytes"]
-    if sent > COST_TOLERANCE * budget:
-        return (f"this rank sent about {sent:.0f} bytes ({made or 'point-to-point'}); a "
+    total, budget = sum(b for _, b, _ in r["calls"]), (n - 1) / n * r["padded_bytes"]
+    if total > COST_TOLERANCE * budget:
+        return (f"this rank sent about {total:.0f} bytes ({made or 'point-to-point'}); a "
                 f"reduce-scatter sends {budget:.0f}, (n-1)/n of the padded gradient: each "
                 "rank needs only its own part of the sum, not every rank's whole gradient")
     return None
