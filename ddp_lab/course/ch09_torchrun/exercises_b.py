@@ -12,7 +12,6 @@ function runs.
 from __future__ import annotations
 
 import random
-import re
 
 import torch.cuda
 
@@ -26,7 +25,8 @@ TRIALS = 300
 
 def physical_gpu(visible, local_rank: int, gpus: int):
     """Reference: parse the list as torch does (a repeated ordinal hides every GPU; the
-    list stops at the first entry that does not start with a non-negative number), then cut
+    list stops at the first entry that does not start with a non-negative number, as
+    ``_strtoul`` in torch/cuda/__init__.py reads it), then cut
     it at the first ordinal this machine lacks; ``cuda:local_rank`` is its item
     ``local_rank``, or None when the process sees fewer GPUs than that."""
     if visible is None:
@@ -34,7 +34,13 @@ def physical_gpu(visible, local_rank: int, gpus: int):
     else:
         ordinals = []
         for item in visible.split(","):
-            ordinal = leading_ordinal(item.strip())
+            # What torch reads, like C's strtoul: a sign and the digits after it, so "1gpu2"
+            # is 1; -1 without digits ("gpu1", "x", "").
+            item = item.strip()
+            sign = item[:1] if item[:1] in ("+", "-") else ""
+            rest = item[len(sign):]
+            digits = rest[:len(rest) - len(rest.lstrip("0123456789"))]
+            ordinal = int(sign + digits) if digits else -1
             if ordinal in ordinals:
                 return None  # a repeat: the driver shows no GPU at all
             if ordinal < 0:
@@ -46,14 +52,6 @@ def physical_gpu(visible, local_rank: int, gpus: int):
             break
         present.append(ordinal)
     return present[local_rank] if local_rank < len(present) else None
-
-
-def leading_ordinal(item: str) -> int:
-    """What torch reads from one entry (``_strtoul`` in torch/cuda/__init__.py, like C's
-    strtoul): an optional sign and the digits that follow, so ``1gpu2`` is 1; -1 when the
-    entry does not start with a number (``gpu1``, ``x``, empty)."""
-    match = re.match(r"[+-]?\d+", item)
-    return int(match.group()) if match else -1
 
 
 # Typos as the text means them: entries torch reads by their leading digits, or not at all.
