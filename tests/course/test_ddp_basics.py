@@ -183,3 +183,14 @@ def test_sync_batchnorm_refuses_cpu_tensors():
     on_gpus = torch.cuda.device_count() >= 2  # backend="auto" picks NCCL there
     for outcome in run(ddp_basics.sync_batchnorm_on_this_device, 2):
         assert outcome == "ok" if on_gpus else "expected input tensor to be on GPU" in outcome
+
+
+def test_ddp_prefix_dcp_keys_and_weights_only(tmp_path):
+    from ddp_lab.course.ch05_ddp_basics import dcp_checkpoint
+    keys = ddp_lab.run(dcp_checkpoint.prefixes, 2, args=(str(tmp_path / "dcp"),),
+                       echo=False).values
+    for rank in keys:
+        assert rank["dcp_keys"] == [k.removeprefix("module.") for k in rank["ddp_keys"]]
+        assert rank["plain_refuses"] and rank["restored_equal"]
+    loading = dcp_checkpoint.weights_only(str(tmp_path / "settings.pt"))
+    assert loading["refused"] and loading["trusted"] == "RunSettings" and loading["plain_ok"]
