@@ -180,8 +180,8 @@ class CollectiveTrace(TorchDispatchMode):
         the group's own rank: ``c10d::send(tensors, process_group, dst, tag)``)."""
         named = self._arguments(func, args)
         local = named.get("dst", named.get("src"))
-        if local is None:
-            return None
+        if local is None or "process_group" not in named:
+            return None  # no peer; a functional broadcast's ``src`` is its root, by group name
         group = dist.ProcessGroup.unbox(named["process_group"])
         try:
             return dist.get_global_rank(group, local)
