@@ -7,17 +7,29 @@ and the process group's own ``send``/``recv`` methods all reach the ``c10d::send
 ``c10d::recv_`` ops (torch/csrc/distributed/c10d/ProcessGroup.hpp), so each message is seen
 exactly once whichever way the learner wrote it. The same mode refuses the collectives an
 exercise switches off (``forbid``), before they run.
+
+A send and a recv whose buffers differ in size or dtype can abort gloo's process with no
+word of why ("Fatal Python error: Aborted"). So with ``journal=`` a folder, each rank also
+writes every send and recv to it BEFORE the op runs, and :func:`naming_mismatches` turns a
+failed check into one that names the mismatched pair.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_leaves
 
-from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.course.collective_trace import FAMILY_OF, CollectiveTrace
+from ddp_lab.exercises.registry import ExerciseFailed
 
 
 @dataclass(frozen=True)
@@ -59,11 +71,71 @@ class P2PLog:
 
 
 @contextlib.contextmanager
-def recording_p2p(forbid=(), why: str = "") -> Iterator[P2PLog]:
+def recording_p2p(forbid=(), why: str = "", journal: str | None = None) -> Iterator[P2PLog]:
     """Inside the block every send and recv of this rank is logged, then done as usual;
-    the collective families in ``forbid`` refuse with ``why``."""
-    with CollectiveTrace(forbid=forbid, why=why) as trace:
+    the collective families in ``forbid`` refuse with ``why``; with ``journal`` (a folder)
+    each send and recv is also written there before it runs."""
+    trace = _Journaled(journal, forbid=forbid, why=why) if journal else CollectiveTrace(
+        forbid=forbid, why=why)
+    with trace:
         yield P2PLog(trace)
+
+
+class _Journaled(CollectiveTrace):
+    """A CollectiveTrace that writes each send and recv to ``folder/rank<r>.jsonl`` before
+    running it, so the record survives a process that gloo aborts."""
+
+    def __init__(self, folder: str, **kwargs):
+        super().__init__(**kwargs)
+        self.path = Path(folder) / f"rank{dist.get_rank()}.jsonl"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = FAMILY_OF.get(func.__name__.split(".")[0])
+        if getattr(func, "namespace", "") == "c10d" and kind in ("send", "recv"):
+            tensor = next(t for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+            entry = {"kind": kind, "peer": self._peer(func, args), "numel": tensor.numel(),
+                     "dtype": str(tensor.dtype).replace("torch.", "")}
+            with open(self.path, "a") as journal:
+                journal.write(json.dumps(entry) + "\n")
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@contextlib.contextmanager
+def naming_mismatches() -> Iterator[str]:
+    """A journal folder for one run; an ExerciseFailed raised in the block gets, first, the
+    send/recv pairs whose sizes or dtypes differ, if the journals show any."""
+    folder = tempfile.mkdtemp(prefix="ddp_lab_p2p_")
+    try:
+        yield folder
+    except ExerciseFailed as failure:
+        said = mismatches(folder)
+        if not said:
+            raise
+        raise ExerciseFailed(f"{said}\n\n{failure}") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def mismatches(folder: str) -> str:
+    """Each rank's k-th send to a peer against that peer's k-th recv from it: the pairs
+    whose element counts or dtypes differ, in words ("" if none)."""
+    journals = {int(path.stem[4:]): [json.loads(line) for line in path.read_text().splitlines()]
+                for path in Path(folder).glob("rank*.jsonl")}
+    found = []
+    for src, entries in sorted(journals.items()):
+        for dst in sorted({e["peer"] for e in entries if e["kind"] == "send"}):
+            sends = [e for e in entries if e["kind"] == "send" and e["peer"] == dst]
+            recvs = [e for e in journals.get(dst, []) if e["kind"] == "recv" and e["peer"] == src]
+            for k, (sent, into) in enumerate(zip(sends, recvs)):
+                if (sent["numel"], sent["dtype"]) != (into["numel"], into["dtype"]):
+                    found.append(f"rank {src}'s send #{k + 1} to rank {dst} is {sent['numel']} "
+                                 f"{sent['dtype']} elements, and rank {dst}'s recv #{k + 1} from "
+                                 f"rank {src} has a buffer of {into['numel']} {into['dtype']}")
+    if not found:
+        return ""
+    return ("A send and its recv do not match: " + "; ".join(found[:3]) + ". A recv's buffer "
+            "must have the size and dtype of what is sent to it (gloo aborts, or reads the "
+            "bytes as another dtype, without saying why).")
 
 
 def rounds(logs: list[list[Message]]) -> int:

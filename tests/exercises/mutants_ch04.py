@@ -179,6 +179,34 @@ def root_isends_to_all(tensor, src):
     return data
 
 
+# -- 04: mismatched buffers (gloo aborts or misreads without a word) ------------------------------
+def _ring_receiving_into(tensor, buffer_like):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 1):
+        outgoing, into = chunks[(rank - step - 1) % world], chunks[(rank - step - 2) % world]
+        incoming = buffer_like(into)
+        for request in (isend(outgoing, (rank + 1) % world), irecv(incoming, (rank - 1) % world)):
+            request.wait()
+        into[:incoming.numel()] += incoming.to(into.dtype)
+    return chunks[rank]
+
+
+def recv_buffer_too_small(tensor):
+    return _ring_receiving_into(tensor, lambda into: torch.zeros(into.numel() - 1,
+                                                                 dtype=into.dtype))
+
+
+def recv_buffer_float64(tensor):
+    return _ring_receiving_into(tensor, lambda into: torch.zeros(into.shape,
+                                                                 dtype=torch.float64))
+
+
+def tree_into_float64(tensor, src):
+    data = ch04.tree_broadcast(tensor.double() if dist.get_rank() != src else tensor, src)
+    return data.to(tensor.dtype)
+
+
 # -- 04: right but different -------------------------------------------------------------------
 def ring_with_blocking_calls(tensor):
     """The ring's first phase with blocking send/recv, even ranks sending first."""
@@ -245,6 +273,9 @@ MUTANTS = [
     ("04.reduce_scatter", process_group_send_whole, "the ring sends"),
     ("04.reduce_scatter", downcast_whole_tensor, "(?s)summed over all ranks.*narrower dtype"),
     ("04.reduce_scatter", downcast_ring, "summed over all ranks"),
+    ("04.reduce_scatter", recv_buffer_too_small, "send and its recv do not match"),
+    ("04.reduce_scatter", recv_buffer_float64, r"int64 elements, and rank \d's recv #1 .* float64"),
+    ("04.tree_broadcast", tree_into_float64, "send and its recv do not match"),
     ("04.tree_broadcast", process_group_broadcast, "dist.broadcast is switched off"),
     ("04.tree_broadcast", imported_broadcast, "dist.broadcast is switched off"),
     ("04.tree_broadcast", functional_broadcast, "dist.broadcast is switched off"),

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import COLLECTIVE_FAMILIES
-from ddp_lab.exercises.bytes_sent import recording_p2p, rounds
+from ddp_lab.exercises.bytes_sent import naming_mismatches, recording_p2p, rounds
 from ddp_lab.exercises.driver import (WORLD_SIZES, generator, new_seed, random_tensor,
                                      run_ranks, tensor_problem)
 from ddp_lab.exercises.driver import where as on
@@ -53,11 +53,11 @@ def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
 BIG = 2 ** 60
 
 
-def _reduce_scatter_trial(fn, seed: int):
+def _reduce_scatter_trial(fn, seed: int, journal: str):
     rank, world = dist.get_rank(), dist.get_world_size()
     chunk = 1 + seed % 5
     tensor = torch.randint(-BIG, BIG, (chunk * world,), generator=generator(seed, rank))
-    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY) as log:
+    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY, journal) as log:
         got = fn(tensor.clone())
     total = tensor.clone()
     dist.all_reduce(total)
@@ -67,15 +67,16 @@ def _reduce_scatter_trial(fn, seed: int):
 def check_reduce_scatter(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
-        values = run_ranks(_reduce_scatter_trial, n, (fn, seed), where=on(n, seed),
-                           hang_hint=DEADLOCK_HINT)
-        for rank, (got, expected, messages) in enumerate(values):
-            problem = tensor_problem(got, expected)
-            if problem:
-                raise ExerciseFailed(f"{on(n, seed)}, rank {rank} should return chunk {rank} "
-                                     f"summed over all ranks: {problem}"
-                                     f"{_narrowed(messages, expected.dtype)}")
-            _check_bytes(f"{on(n, seed)}, rank {rank}", messages, expected, n)
+        with naming_mismatches() as journal:
+            values = run_ranks(_reduce_scatter_trial, n, (fn, seed, journal),
+                               where=on(n, seed), hang_hint=DEADLOCK_HINT)
+            for rank, (got, expected, messages) in enumerate(values):
+                problem = tensor_problem(got, expected)
+                if problem:
+                    raise ExerciseFailed(f"{on(n, seed)}, rank {rank} should return chunk "
+                                         f"{rank} summed over all ranks: {problem}"
+                                         f"{_narrowed(messages, expected.dtype)}")
+                _check_bytes(f"{on(n, seed)}, rank {rank}", messages, expected, n)
     return f"right sums, and no more bytes than the ring, on 1-4 ranks (seed {seed})"
 
 
@@ -121,11 +122,11 @@ def tree_broadcast(tensor: torch.Tensor, src: int) -> torch.Tensor:
     return data
 
 
-def _broadcast_trial(fn, seed: int, src: int):
+def _broadcast_trial(fn, seed: int, src: int, journal: str):
     rank = dist.get_rank()
     mine = random_tensor(seed, rank) if rank == src else torch.zeros_like(
         random_tensor(seed, rank))
-    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY) as log:
+    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY, journal) as log:
         got = fn(mine.clone(), src)
     expected = mine.clone()
     dist.broadcast(expected, src)
@@ -136,14 +137,15 @@ def check_tree_broadcast(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         src = 1 + seed % (n - 1) if n > 1 else 0  # not 0: a tree rooted at 0 fails
-        values = run_ranks(_broadcast_trial, n, (fn, seed, src), where=on(n, seed),
-                           hang_hint="Does every recv have a matching send (same pair of "
-                           "ranks, same order)?")
-        for rank, (got, expected, _) in enumerate(values):
-            problem = tensor_problem(got, expected)
-            if problem:
-                raise ExerciseFailed(f"{on(n, seed)}, src={src}: rank {rank} should return "
-                                     f"rank {src}'s tensor: {problem}")
+        with naming_mismatches() as journal:
+            values = run_ranks(_broadcast_trial, n, (fn, seed, src, journal),
+                               where=on(n, seed), hang_hint="Does every recv have a matching "
+                               "send (same pair of ranks, same order)?")
+            for rank, (got, expected, _) in enumerate(values):
+                problem = tensor_problem(got, expected)
+                if problem:
+                    raise ExerciseFailed(f"{on(n, seed)}, src={src}: rank {rank} should "
+                                         f"return rank {src}'s tensor: {problem}")
         _check_rounds(n, seed, src, [messages for _, _, messages in values])
     return f"src's tensor everywhere, in ceil(log2 N) rounds, on 1-4 ranks (seed {seed})"
 
