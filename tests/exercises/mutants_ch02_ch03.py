@@ -203,6 +203,20 @@ def shift_by_gathering_everything(tensor, k):
     return ch02.ring_all_gather(tensor)[(dist.get_rank() - k) % dist.get_world_size()]
 
 
+def shift_even_ranks_send_first(tensor, k):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if k % world == 0:
+        return tensor.clone()
+    received = torch.empty_like(tensor)
+    if rank % 2 == 0:
+        dist.send(tensor, (rank + k) % world)
+        dist.recv(received, (rank - k) % world)
+    else:
+        dist.recv(received, (rank - k) % world)
+        dist.send(tensor, (rank + k) % world)
+    return received
+
+
 def shift_batched(tensor, k):
     rank, world = dist.get_rank(), dist.get_world_size()
     if k % world == 0:
@@ -397,6 +411,7 @@ MUTANTS = [
     ("02.shift", shift_into_flat_floats, "of int64 .* of float32 .*size and dtype"),
     ("02.shift", shift_to_itself, "itself as the peer"),
     ("02.shift", shift_by_gathering_everything, "moves each tensor once"),
+    ("02.shift", shift_even_ranks_send_first, "(?s)when it stopped.*hung"),
     ("03.all_to_all", chunks_unchanged, "made 0 scatter|what rank 1 sent to rank 0"),
     ("03.all_to_all", builtin_all_to_all, "dist.all_to_all is switched off"),
     ("03.all_to_all", imported_all_to_all, "dist.all_to_all is switched off"),
