@@ -426,6 +426,11 @@ def strtoul_by_hand(visible, local_rank, gpus):
     return seen[local_rank] if local_rank < len(seen) else None
 
 
+def ordinal_as_string(visible, local_rank, gpus):
+    found = ch09b.physical_gpu(visible, local_rank, gpus)
+    return None if found is None else str(found)
+
+
 RIGHT = [
     ("08.stop_together", imported_min),
     ("08.stop_together", gathered_counts_min),
@@ -459,6 +464,7 @@ MUTANTS = [
     ("09b.physical_gpu", digits_only_parser, "strtoul"),
     ("09b.physical_gpu", skip_typos, "seed"),
     ("09b.physical_gpu", int_of_every_entry, "raised ValueError"),
+    ("09b.physical_gpu", ordinal_as_string, "Return a Python int"),
     ("08.stop_together", plain_loop, "agree on that number"),
     ("08.stop_together", agreed_on_max, "agree on that number"),
     ("08.stop_together", joined, "Join is switched off"),

@@ -94,6 +94,10 @@ def check_physical_gpu(fn) -> str:
             except Exception as err:
                 raise ExerciseFailed(f"(seed {seed}) {call} raised {err!r}; expected "
                                      f"{want!r}") from None
+        if isinstance(want, int) and type(got) is not int and str(got) == str(want):
+            raise ExerciseFailed(f"(seed {seed}) {call} should be the int {want!r}; "
+                                 f"got the {type(got).__name__} "
+                                 f"{got!r}. Return a Python int (int(...)) or None.")
         if got != want or type(got) is not type(want):
             raise ExerciseFailed(
                 f"(seed {seed}) {call} should be {want!r}, got {got!r}. "
