@@ -4,8 +4,9 @@ course's one instrument (:class:`~ddp_lab.course.collective_trace.CollectiveTrac
 with two notes per call, for the DDP chapters' overlap questions.
 
 ``torch._C._current_graph_task_id()`` is -1 outside backward (FSDP2 asks it the same
-question: torch/distributed/fsdp/_fully_shard/_fsdp_common.py:192), so a collective launched from a gradient hook
-reads as in backward, and one launched from ``sync_gradients()`` after it does not.
+question: torch/distributed/fsdp/_fully_shard/_fsdp_common.py:192), so a collective launched
+from a gradient hook reads as in backward, and one launched from ``sync_gradients()`` after
+it does not.
 """
 
 from __future__ import annotations

@@ -96,13 +96,13 @@ def run_trial(cls, seed: int, bucket_mb, late_rank: int, late_s: float) -> dict:
     model = CapstoneNet()
     theirs = DistributedDataParallel(copy.deepcopy(model), find_unused_parameters=True)
     ours = cls(model, bucket_mb=bucket_mb)
+    late = rank == late_rank and bucket_mb is not None  # one rank late, bucketed, step 0
     result = {"constructed": tensor_difference(ours.module, theirs.module, buffers=True),
-              "steps": [], "late_s": late_s if rank == late_rank and bucket_mb is not None else 0.0}
+              "steps": [], "late_s": late_s if late else 0.0}
     optimizers = [_optimizer(ours.module), _optimizer(theirs.module)]
     for step in range(STEPS):
-        late = step == 0 and rank == late_rank and bucket_mb is not None
         result["steps"].append(_step(ours, theirs, optimizers, seed, step,
-                                     late_s if late else 0.0))
+                                     late_s if late and step == 0 else 0.0))
     if bucket_mb is not None:  # accumulation: once per world size is enough
         if hasattr(ours, "no_sync"):
             result["no_sync"] = _accumulated(ours, theirs, seed)

@@ -119,7 +119,8 @@ def _judge_launches(at: str, issued: list, buckets: list, unused: set) -> None:
         first = "the first all-reduce" if late[0] == 0 else f"bucket {late[0]}'s all-reduce"
         raise ExerciseFailed(
             f"{at}: {first} was issued after backward had ended, though its gradients and "
-            "those of the buckets before it were all ready during backward. Launch each bucket from the hook of its last gradient "
+            "those of the buckets before it were all ready during backward. Launch each "
+            "bucket from the hook of its last gradient "
             "(param.register_post_accumulate_grad_hook) with async_op=True, so "
             "communication overlaps the rest of backward; sync_gradients() only launches "
             "buckets held back by a parameter that got no gradient, then waits.")
@@ -139,7 +140,11 @@ def _order_problem(reduces: list, expected: list, buckets: list) -> str:
         return (f"no all-reduce was float16: the float16 gain shared a bucket with float32 "
                 f"gradients (torch.cat promotes them silently). torch keeps one dtype per "
                 f"bucket. {shown}")
-    return f"{len(got)} all-reduces in this step, expected {len(expected)} ({what}). {shown}"
+    fewer = ("; a bucket whose parameters got no gradient on this rank is all-reduced all the "
+             "same (zeros for them), in its turn: another rank may have used them"
+             if len(got) < len(expected) else "")
+    return (f"{len(got)} all-reduces in this step, expected {len(expected)} ({what}{fewer}). "
+            f"{shown}")
 
 
 def _judge_waiting(at: str, record: dict, my_late_s: float, late_s: float) -> None:
