@@ -33,3 +33,9 @@ def test_tensor_forms_match_the_list_forms_and_a_local_sum(world):
         assert functional["type"] == "AsyncCollectiveTensor" and functional["input_unchanged"]
         assert torch.equal(functional["sum"], sum(gathered))
         assert functional["ops"] == ["allreduce_", "all_reduce", "all_reduce"]
+
+
+def test_three_all_reduces_in_the_coalescing_manager_are_one_op():
+    for rank in ddp_lab.run(tensor_forms.coalesced, 3, echo=False).values:
+        assert rank["ops"] == ["allreduce_coalesced_"]
+        assert rank["sums"] == [[6.0] * 3, [6.0] * 5, [6.0] * 2]

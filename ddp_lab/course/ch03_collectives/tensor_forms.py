@@ -109,3 +109,16 @@ def tour() -> dict:
     """Worker: every demo above on this rank."""
     return {"gather": gather_both_ways(), "reduce_scatter": reduce_scatter_both_ways(),
             "old_name": old_name(), "future": future_chain(), "functional": functional_all_reduce()}
+
+
+def coalesced(sizes=(3, 5, 2)) -> dict:
+    """Several all_reduce calls inside ``dist._coalescing_manager`` (torch/distributed/
+    distributed_c10d.py; a private API that FSDP and batch_isend_irecv build on) run as one
+    ``allreduce_coalesced_`` op: one round of messages for all of them, no copy by hand."""
+    tensors = [torch.full((n,), float(dist.get_rank() + 1)) for n in sizes]
+    with CollectiveTrace() as trace:
+        with dist._coalescing_manager(async_ops=True) as handle:
+            for t in tensors:
+                dist.all_reduce(t)
+        handle.wait()
+    return {"sums": [t.tolist() for t in tensors], "ops": [call.name for call in trace.calls]}
