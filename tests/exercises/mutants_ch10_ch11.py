@@ -125,7 +125,29 @@ def only_owners_broadcast(params, owners, local_optimizer):
             dist.broadcast(p.data, src=owner)
 
 
+def reduces_to_every_rank(params, owners, local_optimizer):
+    """Zeros where a rank does not own, then one reduce per destination: the right values,
+    each parameter sent n times."""
+    if local_optimizer is not None:
+        local_optimizer.step()
+    rank = dist.get_rank()
+    for p, owner in zip(params, owners):
+        mine = p.data.clone() if rank == owner else torch.zeros_like(p.data)
+        for dst in range(dist.get_world_size()):
+            total = mine.clone()
+            dist.reduce(total, dst=dst)
+            if dst == rank:
+                p.data.copy_(total)
+
+
 # 10.zero1_step: right answers that differ from the reference --------------------------------
+
+def broadcasts_as_a_functional_collective(params, owners, local_optimizer):
+    if local_optimizer is not None:
+        local_optimizer.step()
+    for p, owner in zip(params, owners):
+        p.data.copy_(fc.broadcast(p.data, owner, dist.group.WORLD))
+
 
 def broadcasts_with_an_imported_name(params, owners, local_optimizer):
     if local_optimizer is not None:
@@ -460,6 +482,7 @@ MUTANTS = [
     ("10.zero1_step", broadcasts_in_bfloat16, re.escape("travelled as torch.bfloat16")),
     ("10.zero1_step", keeps_a_full_optimizer, re.escape("which is what ZeRO-1 removes")),
     ("10.zero1_step", only_owners_broadcast, re.escape("your function hung")),
+    ("10.zero1_step", reduces_to_every_rank, re.escape("one broadcast per parameter from its")),
     ("10.shard_gradient", sums_instead_of_averaging, re.escape("divide by the world size")),
     ("10.shard_gradient", keeps_own_gradient, re.escape("never reduced across the ranks")),
     ("10.shard_gradient", forgets_padding, re.escape("raised RuntimeError")),
@@ -493,6 +516,7 @@ RIGHT = [
     ("10.zero1_step", broadcasts_with_the_group_method),
     ("10.zero1_step", broadcasts_asynchronously_skipping_the_untouched),
     ("10.zero1_step", sends_from_each_owner),
+    ("10.zero1_step", broadcasts_as_a_functional_collective),
     ("10.shard_gradient", exchanges_the_parts_directly),
     ("10.shard_gradient", reduce_scatter_averaging),
     ("10.shard_gradient", reduce_scatter_with_an_imported_name),

@@ -206,9 +206,19 @@ def with_functional_collectives(rows, counts):
     return arrived.wait(), got
 
 
+def exchanges_the_counts_as_objects(rows, counts):
+    world, rank = counts.shape[0], dist.get_rank()
+    every = [None] * world
+    dist.all_gather_object(every, counts)
+    got = torch.stack([c[rank] for c in every])
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    dist.all_to_all_single(arrived, rows, got.sum(1).tolist(), counts.sum(1).tolist())
+    return arrived, got
+
+
 RIGHT += [("13.dispatch", answer) for answer in (
     with_imported_names, gathers_the_counts, with_the_group_method,
-    with_functional_collectives)]
+    with_functional_collectives, exchanges_the_counts_as_objects)]
 
 
 MUTANTS += [
