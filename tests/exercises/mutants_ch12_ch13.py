@@ -167,6 +167,22 @@ def moves_the_rows_in_half_precision(rows, counts):
     return half.float(), got
 
 
+def forgets_the_split_sizes(rows, counts):
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    dist.all_to_all_single(arrived, rows)
+    return arrived, got
+
+
+def swaps_the_split_sizes(rows, counts):
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    dist.all_to_all_single(arrived, rows, counts.sum(1).tolist(), got.sum(1).tolist())
+    return arrived, got
+
+
 # 13.dispatch: right answers that differ from the reference ----------------------------------
 
 def with_imported_names(rows, counts):
@@ -230,4 +246,6 @@ MUTANTS += [
     ("13.dispatch", dispatches_with_the_scratch_code,
      re.escape("scratch.moe.dispatch is switched off in this exercise, however it is imported")),
     ("13.dispatch", moves_the_rows_in_half_precision, re.escape("travelled as torch.float16")),
+    ("13.dispatch", forgets_the_split_sizes, re.escape("pass output_split_sizes and input")),
+    ("13.dispatch", swaps_the_split_sizes, re.escape("the split sizes do not add up")),
 ]

@@ -65,11 +65,37 @@ def _switched_off(fn):
     return stack
 
 
+# What gloo and torch say when the sizes of a variable all-to-all do not fit, and what it means
+# (distributed_c10d.all_to_all_single; gloo/alltoall.cc enforces equal sizes without splits).
+SIZE_ERRORS = {
+    "Split sizes doesn't match": "the split sizes do not add up to the tensors: the output "
+    "split sizes must sum to the rows that arrive (what the others send here, the exchanged "
+    "counts summed per source) and the input split sizes to this rank's rows (counts.sum(1))",
+    "in->size == out->size": "without split sizes, all_to_all_single cuts both tensors into "
+    "equal parts, and gloo needs the input and the output of the same size; these blocks "
+    "differ from rank to rank, so pass output_split_sizes and input_split_sizes",
+    "LengthPerRank": "the split sizes disagree pair by pair: what this rank expects from rank "
+    "j (output_split_sizes[j]) must be what rank j sends it (its input_split_sizes for this "
+    "rank); the exchanged counts, summed per source in rank order, give exactly that",
+}
+
+
+def _call(fn, rows, counts):
+    """The learner's dispatch; a size error of the all-to-all is explained in words."""
+    try:
+        return fn(rows, counts)
+    except RuntimeError as err:
+        for phrase, meaning in SIZE_ERRORS.items():
+            if phrase in str(err):
+                raise RuntimeError(f"{err}\n{meaning}") from err
+        raise
+
+
 def _trial(fn, seed: int) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     rows, counts = _inputs(seed, rank, world)
     with _switched_off(fn), CollectiveTrace() as trace:
-        value = fn(rows, counts)
+        value = _call(fn, rows, counts)
     calls = trace.moving_data()
     floating = [c.dtype is not None and c.dtype.is_floating_point for c in calls]
     return {"value": value,  # rows travel as floats; counts as integers, objects as bytes
