@@ -461,6 +461,15 @@ def detached_copy_with_the_group_method(x_slice, weight_slice, bias):
     return _sum_into_graph(partial, total) + bias
 
 
+def as_a_partial_dtensor(x_slice, weight_slice, bias):
+    """DTensor's Partial -> Replicate is the all-reduce, and its backward the identity."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    partial = DTensor.from_local(x_slice @ weight_slice.T, mesh, [Partial()])
+    return partial.redistribute(mesh, [Replicate()]).to_local() + bias
+
+
 def detached_copy_as_a_functional_collective(x_slice, weight_slice, bias):
     partial = x_slice @ weight_slice.T
     total = fc.all_reduce(partial.detach(), "sum", dist.group.WORLD)
@@ -485,7 +494,7 @@ MUTANTS = [
     ("10.zero1_step", reduces_to_every_rank, re.escape("one broadcast per parameter from its")),
     ("10.shard_gradient", sums_instead_of_averaging, re.escape("divide by the world size")),
     ("10.shard_gradient", keeps_own_gradient, re.escape("never reduced across the ranks")),
-    ("10.shard_gradient", forgets_padding, re.escape("raised RuntimeError")),
+    ("10.shard_gradient", forgets_padding, re.escape("pad the flat gradient with zeros")),
     ("10.shard_gradient", all_reduce_then_slice, SWITCHED_OFF.format("all_reduce")),
     ("10.shard_gradient", broadcasts_every_gradient, re.escape("broadcast): one reduce-scatter")),
     ("10.shard_gradient", sends_the_whole_gradient_everywhere, re.escape("not every rank's whole")),
@@ -527,4 +536,5 @@ RIGHT = [
     ("11.row_parallel", autograd_function_with_an_imported_name),
     ("11.row_parallel", detached_copy_with_the_group_method),
     ("11.row_parallel", detached_copy_as_a_functional_collective),
+    ("11.row_parallel", as_a_partial_dtensor),
 ]

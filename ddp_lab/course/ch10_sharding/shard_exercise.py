@@ -56,6 +56,21 @@ def sent(call) -> float:
     return call.bytes_per_rank * call.whole_nbytes / call.nbytes if call.nbytes else 0.0
 
 
+def _call(fn, grad: torch.Tensor):
+    """The learner's function; gloo's size check of a reduce-scatter (ProcessGroupGloo.cpp:
+    ``outputShape[0] * worldSize == inputShape[0]``) is explained in words."""
+    try:
+        return fn(grad)
+    except RuntimeError as err:
+        if "worldSize == inputShape" in str(err):
+            world = dist.get_world_size()
+            raise RuntimeError(f"{err}\nthe input of a reduce-scatter must be exactly "
+                               f"world_size x the output: {grad.numel()} elements do not split "
+                               f"over {world} ranks; pad the flat gradient with zeros to a "
+                               f"multiple of {world} first") from err
+        raise
+
+
 def _shard_trial(fn, seed: int) -> list:
     rank, world = dist.get_rank(), dist.get_world_size()
     results = []
@@ -63,7 +78,7 @@ def _shard_trial(fn, seed: int) -> list:
         shape = _shape(seed, trial)
         grads = [torch.randn(shape, generator=generator(seed, trial, r)) for r in range(world)]
         with CollectiveTrace(forbid=FORBIDDEN, why=WHY) as trace:
-            got = fn(grads[rank].clone())
+            got = _call(fn, grads[rank].clone())
         if isinstance(got, torch.Tensor):
             got = got.detach().clone()  # an AsyncCollectiveTensor waits here, a plain one copies
         average = _padded(torch.stack(grads).mean(0), world)
