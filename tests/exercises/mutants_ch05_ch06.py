@@ -212,7 +212,8 @@ def accuracy_as_tensor(model, dataset):
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = dataset[list(range(rank, len(dataset), world))]
     with torch.no_grad():
-        counts = torch.tensor([(model(x).argmax(dim=1) == y).sum().item(), len(y)], dtype=torch.float)
+        correct = (model(x).argmax(dim=1) == y).sum().item()
+        counts = torch.tensor([correct, len(y)], dtype=torch.float)
     all_reduce(counts)
     return counts[0] / counts[1]
 

@@ -22,7 +22,7 @@ from ddp_lab.course.ch09_torchrun import exercises as ch09
 from ddp_lab.course.ch09_torchrun import exercises_b as ch09b
 
 
-# -- 08 --------------------------------------------------------------------------------------
+# -- 08 -------------------------------------------------------------------------------------------
 def plain_loop(ddp_model, optimizer, batches):
     for x, y in batches:
         optimizer.zero_grad()
@@ -47,7 +47,7 @@ def one_step_short(ddp_model, optimizer, batches):
     plain_loop(ddp_model, optimizer, batches[:int(steps) - 1])
 
 
-# -- 09 --------------------------------------------------------------------------------------
+# -- 09 -------------------------------------------------------------------------------------------
 def everyone_sum(value, local_world_size):
     t = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(t)
@@ -102,7 +102,7 @@ def leaders_never_broadcast(tensor, local_world_size):
     return out
 
 
-# -- 08b.first_unjoined ---------------------------------------------------------------------
+# -- 08b.first_unjoined ---------------------------------------------------------------------------
 def shortest_record(records):
     short = min(records, key=lambda rank: len(records[rank]))
     seq, name = records[short][-1]
@@ -138,7 +138,7 @@ def newest_collective(records):
     return top, names[top], sorted(r for r, s in last.items() if s < top)
 
 
-# -- 09b.physical_gpu -----------------------------------------------------------------------
+# -- 09b.physical_gpu -----------------------------------------------------------------------------
 def same_number(visible, local_rank, gpus):
     return local_rank if local_rank < gpus else None
 
@@ -173,7 +173,7 @@ def no_machine_limit(visible, local_rank, gpus):
     return ordinals[local_rank] if local_rank < len(ordinals) else None
 
 
-# -- 08: more wrong answers ----------------------------------------------------------------------
+# -- 08: more wrong answers -----------------------------------------------------------------------
 def ddp_join_method(ddp_model, optimizer, batches):
     with ddp_model.join():
         plain_loop(ddp_model, optimizer, batches)
@@ -196,7 +196,7 @@ def functional_min_off_by_one(ddp_model, optimizer, batches):
     plain_loop(ddp_model, optimizer, batches[:int(steps) - 1])
 
 
-# -- 08: right but different --------------------------------------------------------------------
+# -- 08: right but different ----------------------------------------------------------------------
 def imported_min(ddp_model, optimizer, batches):
     steps = torch.tensor(len(batches))
     all_reduce(steps, op=dist.ReduceOp.MIN)
@@ -243,7 +243,7 @@ def level_when_same_length(records):
     return ch08b.first_unjoined(records)
 
 
-# -- 08b: right but different -----------------------------------------------------------------------
+# -- 08b: right but different ---------------------------------------------------------------------
 def sorted_scan(records):
     last = {r: max([s for s, _ in e] or [0]) for r, e in records.items()}
     behind = min(last.values())
@@ -254,7 +254,7 @@ def sorted_scan(records):
     return None
 
 
-# -- 09: more wrong answers ----------------------------------------------------------------------
+# -- 09: more wrong answers -----------------------------------------------------------------------
 def imported_everyone_sum(value, local_world_size):
     t = torch.tensor([float(value)], dtype=torch.float64)
     all_reduce(t)
@@ -330,7 +330,7 @@ def flat_process_group_allreduce(tensor, local_world_size):
     return out
 
 
-# -- 09: right but different --------------------------------------------------------------------
+# -- 09: right but different ----------------------------------------------------------------------
 def node_sum_float32(value, local_world_size):
     """The first hint with torch.tensor([value]) (float32): passes."""
     groups = [dist.new_group(list(range(f, f + local_world_size)))
@@ -373,7 +373,7 @@ def all_reduce_in_node_first(tensor, local_world_size):
     return out
 
 
-# -- 09b: more wrong answers and right-but-different ------------------------------------------------
+# -- 09b: more wrong answers and right-but-different ----------------------------------------------
 def digits_only_parser(visible, local_rank, gpus):
     """Ends the list at '1gpu', which torch reads as 1 (the old reference did)."""
     ordinals = list(range(gpus)) if visible is None else []
