@@ -194,26 +194,24 @@ class FunctionalAfterBackward(ImportedAfterBackward):
         scratch.DDP.sync_gradients(self)
 
 
-class _Slept:
-    """A stand-in for a work handle whose wait() sleeps instead of waiting."""
-
-    def __init__(self, seconds, event=False):
-        self.seconds, self.event = seconds, event
-
-    def wait(self):
-        if self.event:
-            threading.Event().wait(self.seconds)
-        else:
-            sleep(self.seconds)
-
-
 class SleepingSync(scratch.DDP):
-    """Sleeps a little instead of waiting, and reads sums that may not be there yet."""
+    """Sleeps a little instead of waiting on its all-reduces (the map of used parameters
+    too), and reads sums that may not be there yet."""
 
-    def _launch(self, k):
-        super()._launch(k)
-        work, k, flat = self.in_flight[-1]
-        self.in_flight[-1] = (_Slept(0.05), k, flat)
+    def sync_gradients(self):
+        self._launch_ready(held_back=True)
+        used = torch.tensor([int(id(p) in self.used) for p in self.params])
+        dist.all_reduce(used, async_op=True)
+        sleep(0.05)
+        used_anywhere = {id(p) for p, count in zip(self.params, used.tolist()) if count}
+        for _, k, flat in self.in_flight:
+            offset = 0
+            for p in self.buckets[k]:
+                if id(p) in used_anywhere:
+                    average = flat[offset:offset + p.numel()].view_as(p)
+                    p.grad = average.clone()
+                offset += p.numel()
+        self._new_step()
 
 
 class LongSleepingSync(scratch.DDP):
@@ -282,7 +280,7 @@ MUTANTS = [
     ("07b.your_own_ddp", ZerosForUnused, "torch's is None"),
     ("07b.your_own_ddp", LaunchWhenReady, "another order"),
     ("07b.your_own_ddp", BlockingHooks, "waited for the other ranks"),
-    ("07b.your_own_ddp", SleepingSync, "wait"),
+    ("07b.your_own_ddp", SleepingSync, "wait|average"),
     ("07b.your_own_ddp", LongSleepingSync, "not sleep"),
     ("07b.your_own_ddp", SilentSecondBackward, "two backward passes"),
     ("07b.your_own_ddp", NoSyncThatSyncs, "inside no_sync"),

@@ -109,7 +109,7 @@ def check_counting_hook(hook) -> str:
     seed = new_seed()
     expected = ITERATIONS * MODEL.parameters * 4
     for n in WORLD_SIZES:
-        late_rank, late_s = seed % n, (0.3 + seed % 300 / 1000 if n > 1 else 0.0)
+        late_rank, late_s = seed % n, (0.5 + seed % 300 / 1000 if n > 1 else 0.0)
         results = run_ranks(_trial, n, (hook, seed, late_rank, late_s), where=on(n, seed),
                             timeout=15)
         for rank, result in enumerate(results):
