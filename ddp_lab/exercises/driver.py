@@ -83,13 +83,32 @@ def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = 
 
 
 def _explained(failure: Exception, err, where: str, explain) -> Exception:
-    said = explain(err) if explain else None
-    if not said or not isinstance(failure, ExerciseFailed):
+    """With ``explain``: its words first, and a process that C++ aborted shown as such, with
+    what the C++ exception said (only the rank's output has it; its "traceback" is the
+    faulthandler's stack, from which :func:`raised` cannot take an exception)."""
+    if not explain or not isinstance(failure, ExerciseFailed):
         return failure
+    said = explain(err)
+    body = str(failure)
     if (getattr(err, "traceback", "") or "").startswith("Fatal Python error"):
-        return ExerciseFailed(f"{where}: {said}\n\nRank {err.rank}'s process was killed "
-                              f"(SIGABRT):\n{err.traceback.rstrip()}")
-    return ExerciseFailed(f"{where}: {said}\n\n{failure}")
+        body = (f"{where}: rank {err.rank}'s process was aborted by C++ code under torch"
+                f"{_abort_reason(err)}\n\n{err.traceback.rstrip()}")
+    return ExerciseFailed(f"{where}: {said}\n\n{body}" if said else body)
+
+
+def _abort_reason(err) -> str:
+    """What ``std::terminate`` printed before the abort: "what(): ...", torch's or gloo's
+    message."""
+    logs = list(getattr(err, "logs", None) or [])
+    log = logs[err.rank] if 0 <= err.rank < len(logs) else ""
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("terminate called")),
+                 None)
+    if start is None:
+        return "."
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("Fatal Python")),
+               len(lines))
+    return ", which said:\n" + "\n".join(lines[start:end]).strip()
 
 
 def last_line(traceback: str) -> str:

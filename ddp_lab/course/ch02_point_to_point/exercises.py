@@ -2,8 +2,10 @@
 
 Every collective is switched off at the dispatcher while the learner's function runs (in
 every form: imported names, process-group methods, functional collectives); each send and
-recv is announced before it runs (:mod:`.p2p_pairs`), so a pair whose buffers differ in size
-or dtype is named as such, even when gloo aborts the process. The tensors are random: a
+recv is journaled before it runs (``bytes_sent.recording_p2p``), so a pair whose buffers
+differ in size or dtype is named as such (``naming_mismatches``), and so are a send to itself,
+a peer that does not exist and, after a hang, unmatched sends (:mod:`.peers`), even when gloo
+aborts the process. The tensors are random: a
 shape from the check's seed, int64 on some world sizes and float32 on the others (every
 check has both, so a buffer made with the default dtype fails every time), with values an
 int16 or a float16 cannot carry. The answer is compared with torch's own ``dist.all_gather``
@@ -16,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.course.ch02_point_to_point.p2p_pairs import AnnouncedP2P, explain, mismatch
+from ddp_lab.course.ch02_point_to_point.peers import peer_problem
+from ddp_lab.exercises.bytes_sent import naming_mismatches, recording_p2p
 from ddp_lab.exercises.builtins_off import COLLECTIVES, families
 from ddp_lab.exercises.driver import (WORLD_SIZES, describe, full_bits_tensor, generator,
                                      new_seed, run_ranks, tensor_problem)
@@ -34,16 +37,19 @@ def _gathered_by_torch(mine: torch.Tensor) -> list[torch.Tensor]:
     return expected
 
 
-def _run_p2p(fn, *args):
-    """fn(*args) with the collectives off, every send and recv announced and counted:
-    (what it returned, [(kind, peer, shape, dtype)...], bytes it sent)."""
-    with AnnouncedP2P(forbid=families(COLLECTIVES), why=P2P_ONLY) as trace:
+def _run_p2p(fn, journal: str, *args):
+    """fn(*args) with the collectives off, every send and recv journaled and counted:
+    (what it returned, bytes it sent)."""
+    with recording_p2p(families(COLLECTIVES), P2P_ONLY, journal) as log:
         got = fn(*args)
-    return got, trace.announced, sum(call.nbytes for call in trace.of("send"))
+    return got, log.bytes_sent
 
 
-def _pair_problem(values: list, index: int = 1) -> str | None:
-    return mismatch([v[index] for v in values])
+def _journaled_run(trial, n: int, args: tuple, seed: int, journal: str) -> list:
+    """run_ranks(trial, n, (*args, journal)): a crash or a hang says what the journals show
+    (a send to itself, a peer that does not exist, unmatched sends)."""
+    return run_ranks(trial, n, (*args, journal), where=on(n, seed), hang_hint=DEADLOCK_HINT,
+                     explain=lambda err: peer_problem(journal, n, err))
 
 
 # -- 02.all_gather --------------------------------------------------------------------------
@@ -62,24 +68,21 @@ def ring_all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     return gathered
 
 
-def _all_gather_trial(fn, seed: int):
+def _all_gather_trial(fn, seed: int, journal: str):
     mine = full_bits_tensor(seed, dist.get_world_size(), dist.get_rank())
-    got, announced, sent = _run_p2p(fn, mine.clone())
-    return got, announced, sent, _gathered_by_torch(mine)
+    got, sent = _run_p2p(fn, journal, mine.clone())
+    return got, sent, _gathered_by_torch(mine)
 
 
 def check_all_gather(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
-        values = run_ranks(_all_gather_trial, n, (fn, seed), where=on(n, seed),
-                           hang_hint=DEADLOCK_HINT, explain=explain)
-        problem = _pair_problem(values)
-        if problem:
-            raise ExerciseFailed(f"{on(n, seed)}: {problem}")
-        for rank, (got, _, sent, expected) in enumerate(values):
-            problem = _list_problem(got, expected) or _gather_cost(sent, expected[0], n)
-            if problem:
-                raise ExerciseFailed(f"{on(n, seed)}, rank {rank}: {problem}")
+        with naming_mismatches() as journal:  # a failure below names mismatched pairs first
+            values = _journaled_run(_all_gather_trial, n, (fn, seed), seed, journal)
+            for rank, (got, sent, expected) in enumerate(values):
+                problem = _list_problem(got, expected) or _gather_cost(sent, expected[0], n)
+                if problem:
+                    raise ExerciseFailed(f"{on(n, seed)}, rank {rank}: {problem}")
     return (f"the same lists as dist.all_gather, each rank sending N - 1 tensors' worth, on "
             f"1-4 ranks, int64 and float32 (seed {seed})")
 
@@ -128,27 +131,23 @@ def shifts(seed: int, n: int) -> list[int]:
     return [small, small + n * (1 + draw[1] % 2), n * (draw[2] % 3)]
 
 
-def _shift_trial(fn, seed: int, ks: list):
+def _shift_trial(fn, seed: int, ks: list, journal: str):
     mine = full_bits_tensor(seed, dist.get_world_size(), dist.get_rank())
     everybody = _gathered_by_torch(mine)
-    return [(k, *_run_p2p(fn, mine.clone(), k), everybody) for k in ks]
+    return [(*_run_p2p(fn, journal, mine.clone(), k), everybody) for k in ks]
 
 
 def check_shift(fn) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         ks = shifts(seed, n)
-        values = run_ranks(_shift_trial, n, (fn, seed, ks), where=on(n, seed),
-                           hang_hint=DEADLOCK_HINT, explain=explain)
-        for i, k in enumerate(ks):
-            per_rank = [v[i] for v in values]
-            problem = _pair_problem(per_rank, index=2)
-            if problem:
-                raise ExerciseFailed(f"{on(n, seed)}, k={k}: {problem}")
-            for rank, (_, got, _, sent, everybody) in enumerate(per_rank):
-                problem = _shift_problem(got, sent, everybody, rank, k, n)
-                if problem:
-                    raise ExerciseFailed(f"{on(n, seed)}, k={k}: {problem}")
+        with naming_mismatches() as journal:  # a failure below names mismatched pairs first
+            values = _journaled_run(_shift_trial, n, (fn, seed, ks), seed, journal)
+            for i, k in enumerate(ks):
+                for rank, (got, sent, everybody) in enumerate(v[i] for v in values):
+                    problem = _shift_problem(got, sent, everybody, rank, k, n)
+                    if problem:
+                        raise ExerciseFailed(f"{on(n, seed)}, k={k}: {problem}")
     return (f"every rank got the tensor from k places to its left (k below, above and a "
             f"multiple of N), with one send at most, on 1-4 ranks (seed {seed})")
 
