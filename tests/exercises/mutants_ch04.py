@@ -207,6 +207,18 @@ def tree_into_float64(tensor, src):
     return data.to(tensor.dtype)
 
 
+def through_the_store(tensor):
+    """Every rank's tensor through the key-value store: no send, no counted byte."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"rs{rank}", tensor.numpy().tobytes())
+    total = torch.zeros_like(tensor)
+    for peer in range(world):
+        raw = bytearray(store.get(f"rs{peer}"))
+        total += torch.frombuffer(raw, dtype=tensor.dtype)
+    return total.chunk(world)[rank]
+
+
 # -- 04: right but different -------------------------------------------------------------------
 def ring_with_blocking_calls(tensor):
     """The ring's first phase with blocking send/recv, even ranks sending first."""
@@ -275,6 +287,7 @@ MUTANTS = [
     ("04.reduce_scatter", downcast_ring, "summed over all ranks"),
     ("04.reduce_scatter", recv_buffer_too_small, "send and its recv do not match"),
     ("04.reduce_scatter", recv_buffer_float64, r"int64 elements, and rank \d's recv #1 .* float64"),
+    ("04.reduce_scatter", through_the_store, "Store.set is switched off"),
     ("04.tree_broadcast", tree_into_float64, "send and its recv do not match"),
     ("04.tree_broadcast", process_group_broadcast, "dist.broadcast is switched off"),
     ("04.tree_broadcast", imported_broadcast, "dist.broadcast is switched off"),

@@ -14,12 +14,14 @@ all_reduce/broadcast.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import COLLECTIVE_FAMILIES
+from ddp_lab.exercises.builtins_off import refusing, replaced
 from ddp_lab.exercises.bytes_sent import naming_mismatches, recording_p2p, rounds
 from ddp_lab.exercises.driver import (WORLD_SIZES, generator, new_seed, random_tensor,
                                      run_ranks, tensor_problem)
@@ -27,8 +29,23 @@ from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 P2P_ONLY = "build it from send/recv (isend/irecv) only"
+# The key-value store's data methods: a tensor passed through the store would cost no
+# counted byte, so they are off too (the group's rendezvous is long done by then).
+STORE_METHODS = ("set", "get", "add", "append", "compare_set", "multi_get", "multi_set")
 DEADLOCK_HINT = ("A blocking send on every rank at once waits forever: post isend and irecv "
                  "together, then wait on both.")
+
+
+@contextlib.contextmanager
+def point_to_point_only(journal: str):
+    """Collectives refused, every send and recv recorded (and journaled), the store off."""
+    with contextlib.ExitStack() as stack:
+        for name in STORE_METHODS:
+            if hasattr(dist.Store, name):
+                stack.enter_context(replaced(dist.Store, name, refusing(
+                    f"Store.{name}", f"the store is for the rendezvous, not for data: "
+                    f"{P2P_ONLY}")))
+        yield stack.enter_context(recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY, journal))
 
 
 # -- 04.reduce_scatter ----------------------------------------------------------------------
@@ -57,7 +74,7 @@ def _reduce_scatter_trial(fn, seed: int, journal: str):
     rank, world = dist.get_rank(), dist.get_world_size()
     chunk = 1 + seed % 5
     tensor = torch.randint(-BIG, BIG, (chunk * world,), generator=generator(seed, rank))
-    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY, journal) as log:
+    with point_to_point_only(journal) as log:
         got = fn(tensor.clone())
     total = tensor.clone()
     dist.all_reduce(total)
@@ -126,7 +143,7 @@ def _broadcast_trial(fn, seed: int, src: int, journal: str):
     rank = dist.get_rank()
     mine = random_tensor(seed, rank) if rank == src else torch.zeros_like(
         random_tensor(seed, rank))
-    with recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY, journal) as log:
+    with point_to_point_only(journal) as log:
         got = fn(mine.clone(), src)
     expected = mine.clone()
     dist.broadcast(expected, src)
