@@ -222,6 +222,29 @@ class LongSleepingSync(scratch.DDP):
         super().sync_gradients()
 
 
+class BroadcastEveryStep(scratch.DDP):
+    """Right values, and a broadcast of every parameter from rank 0 after each step's sync
+    "to keep the replicas equal": cost that DDP does not pay."""
+
+    def sync_gradients(self):
+        super().sync_gradients()
+        for p in self.params:
+            if p.grad is not None:
+                dist.broadcast(p.grad, 0)
+
+
+class AllGatherAverage(scratch.DDP):
+    """Averages every bucket with an all-gather and a mean: world times the bytes received."""
+
+    def _launch(self, k):
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.buckets[k]])
+        pieces = [torch.empty_like(flat) for _ in range(self.world)]
+        dist.all_gather(pieces, flat)
+        flat.copy_(torch.stack(pieces).mean(0))
+        self.in_flight.append((_Done(), k, flat))
+
+
 class SilentSecondBackward(scratch.DDP):
     """scratch.DDP before its guards: a second backward launches nothing and
     sync_gradients() copies the first backward's average over the sum."""
@@ -282,6 +305,8 @@ MUTANTS = [
     ("07b.your_own_ddp", BlockingHooks, "waited for the other ranks"),
     ("07b.your_own_ddp", SleepingSync, "wait|average"),
     ("07b.your_own_ddp", LongSleepingSync, "not sleep"),
+    ("07b.your_own_ddp", BroadcastEveryStep, "besides one all-reduce per bucket"),
+    ("07b.your_own_ddp", AllGatherAverage, "no all-reduce was issued"),
     ("07b.your_own_ddp", SilentSecondBackward, "two backward passes"),
     ("07b.your_own_ddp", NoSyncThatSyncs, "inside no_sync"),
 ]

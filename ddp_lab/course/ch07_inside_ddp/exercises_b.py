@@ -90,9 +90,14 @@ def _judge_steps(where: str, rank: int, result: dict, bucket_mb, late_s: float) 
 
 def _judge_launches(at: str, issued: list, buckets: list, unused: set) -> None:
     reduces = [call for call in issued if call[0] == "all_reduce"]
-    if not reduces:
-        raise ExerciseFailed(f"{at}: no all-reduce was issued (in any form) during backward "
-                             "and sync_gradients(): the gradients were never averaged")
+    expected = [(sum(numel for _, numel, _ in b), b[0][2]) for b in buckets]
+    if not {tuple(call[1:3]) for call in reduces} & set(expected):
+        others = dict(Counter(call[0] for call in issued if call[0] != "all_reduce"))
+        instead = (f"; the gradients went through {others} instead, which move more bytes "
+                   "than one all-reduce per bucket (an all-gather: world times the bucket "
+                   "into every rank)" if others else ": the gradients were never averaged")
+        raise ExerciseFailed(f"{at}: no all-reduce was issued (in any form) on a bucket's "
+                             f"gradients during backward and sync_gradients(){instead}")
     blocked = next(k for k, b in enumerate(buckets) if {name for name, _, _ in b} & unused)
     if blocked and not any(call[3] for call in reduces):
         raise ExerciseFailed(
@@ -100,7 +105,6 @@ def _judge_launches(at: str, issued: list, buckets: list, unused: set) -> None:
             "on each parameter that trains (param.register_post_accumulate_grad_hook) and "
             "launch the all-reduce there with async_op=True, so communication overlaps the "
             "rest of backward; sync_gradients() only waits.")
-    expected = [(sum(numel for _, numel, _ in b), b[0][2]) for b in buckets]
     matched, extras = [], []
     for call in issued:
         k = len(matched)
