@@ -122,7 +122,7 @@ def _forward_problem(got, want: dict, rank: int, n: int) -> str | None:
     if _close(got, want["out"] + (n - 1) * want["bias"]):
         return f"the bias was added {n} times: add it once, after the all-reduce"
     if _close(got, (want["out"] - want["bias"]) / n + want["bias"]):
-        return f"the partial products were averaged: the layer's output is their sum"
+        return "the partial products were averaged: the layer's output is their sum"
     shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
     return f"the output should be x @ W.T + b of shape {tuple(want['out'].shape)}, got {shape}"
 
