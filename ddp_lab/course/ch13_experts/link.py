@@ -20,9 +20,17 @@ WIDE = TrainConfig(d_model=256, d_hidden=64, n_experts=8, capacity_factor=1.25, 
                    clusters=8)
 
 
+def _off_rank(kept: list[int]) -> int:
+    """Rows this rank's dispatch sends to experts on other ranks (experts are split over
+    the ranks in contiguous blocks; a rank's own block stays home)."""
+    per_rank = len(kept) // dist.get_world_size()
+    home = range(dist.get_rank() * per_rank, (dist.get_rank() + 1) * per_rank)
+    return sum(n for expert, n in enumerate(kept) if expert not in home)
+
+
 def step_shares(config: TrainConfig = WIDE, steps: int = 3) -> dict:
-    """Per step after the first: seconds of the step and of its all-to-alls, and the bytes
-    this rank's dispatch sent."""
+    """Per step after the first: seconds of the step and of its all-to-alls, the bytes of
+    this rank's dispatch, and those of them bound for other ranks (what crosses its link)."""
     torch.manual_seed(config.seed)
     moe = scratch.MoE(config.d_model, config.d_hidden, config.n_experts, config.top_k,
                       config.capacity_factor)
@@ -40,5 +48,6 @@ def step_shares(config: TrainConfig = WIDE, steps: int = 3) -> dict:
         optimizer.zero_grad()
         kept = sum(moe.stats.kept)
         steps_seen.append({"step": time.perf_counter() - start, "comm": box[0],
-                           "rows_sent": kept, "bytes_sent": kept * config.d_model * 4})
+                           "rows_sent": kept, "bytes_sent": kept * config.d_model * 4,
+                           "bytes_off_rank": _off_rank(moe.stats.kept) * config.d_model * 4})
     return {"steps": steps_seen[1:]}
