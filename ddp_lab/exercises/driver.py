@@ -45,8 +45,8 @@ def random_tensor(seed: int, rank: int) -> torch.Tensor:
 
 
 def full_bits_tensor(seed: int, world_size: int, *salt: int) -> torch.Tensor:
-    """A tensor for one trial: a shape the seed decides (the same for every salt), int64 or
-    float32 by the world size (a check over several world sizes meets both, so a buffer made
+    """A tensor for one trial: a shape the check's seed number decides (the same for every
+    salt), int64 or float32 by the world size (a check over several world sizes meets both, so a buffer made
     with the default dtype fails every time, not on odd seeds), values that need all their
     bits (an int16 or a float16 copy changes them). ``salt`` (a rank, a chunk) picks values."""
     same = generator(seed)
@@ -134,7 +134,8 @@ def _failure(err, where: str, hang_hint: str) -> Exception:
     error = raised(err.traceback)
     if error.startswith("NotImplementedError"):
         return NotImplementedError(error)
-    if error.startswith(BuiltinSwitchedOff.__name__) or f".{BuiltinSwitchedOff.__name__}:" in error:
+    refused = BuiltinSwitchedOff.__name__
+    if error.startswith(refused) or f".{refused}:" in error:
         return ExerciseFailed(f"{where}, rank {err.rank}: {error.split(': ', 1)[-1]}")
     return ExerciseFailed(f"{where}, rank {err.rank} raised {error}\n\n{err.traceback.rstrip()}")
 

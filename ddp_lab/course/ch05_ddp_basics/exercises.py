@@ -35,8 +35,8 @@ def average_gradients(model: nn.Module) -> None:
 
 class RandomNet(nn.Module):
     """The same MLP on every rank: random widths, weights from the check's seed, and on
-    EVERY check one frozen layer (``requires_grad=False``: which one, the seed decides) and
-    one layer that forward never uses. Both leave ``.grad`` None on every rank, and DDP
+    EVERY check one frozen layer (``requires_grad=False``: which one, the check's seed number
+    decides) and one layer that forward never uses. Both leave ``.grad`` None on every rank, and DDP
     (``find_unused_parameters=True``) leaves them None too."""
 
     def __init__(self, seed: int):
