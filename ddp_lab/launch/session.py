@@ -5,8 +5,8 @@ Interrupt-safe by construction: ``__enter__`` creates nothing, so from the momen
 Session exists its ``__exit__`` runs; every resource is registered for cleanup the moment
 it is created, with Ctrl-C held back in between (interrupts.py); cleanup holds Ctrl-C back
 until it is done and then raises it. The call is bounded whatever the ranks or the fork
-server do: it ends within ``timeout`` + ``bound.BOUND_SLACK_S`` (a server that stops answering
-is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
+server do: it ends within ``timeout`` + ``deadlines.BOUND_SLACK_S`` (a server that stops
+answering is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
 """
 
 from __future__ import annotations
@@ -16,23 +16,21 @@ import os
 import queue
 import shutil
 import signal
-import sys
 import tempfile
 import time
 
-from ddp_lab.launch.bound import (DRAIN_QUIET_S, END_WAIT_S, FAILURE_GRACE_S, KILL_WAIT_S,
-                                  START_SLACK_S)
-from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
-from ddp_lab.launch.echo import make_echo
-from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
+from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles, rank_spec, run_env
+from ddp_lab.launch.deadlines import (DRAIN_QUIET_S, END_WAIT_S, FAILURE_GRACE_S, KILL_WAIT_S,
+                                      SPAWN_REPLY_TIMEOUT, START_SLACK_S)
 from ddp_lab.launch.errors import ForkServerUnresponsive
+from ddp_lab.launch.forkserver.client import (ForkServerDied, get_fork_server,
+                                              get_network_fork_server)
 from ddp_lab.launch.interrupts import deferred
-from ddp_lab.launch.output import Output, OutputReader
-from ddp_lab.launch.ranks import RankState
-from ddp_lab.launch.record import RunRecord
-from ddp_lab.launch.rendezvous import loopback_store
-from ddp_lab.launch.spawner import (SPAWN_REPLY_TIMEOUT, ForkServerDied, get_fork_server,
-                                    get_network_fork_server)
+from ddp_lab.launch.network.rendezvous import loopback_store
+from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.reader import Output, OutputReader
+from ddp_lab.launch.verdict.rank_state import RankState
+from ddp_lab.launch.verdict.record import RunRecord
 
 
 class Session:
@@ -76,7 +74,7 @@ class Session:
         with deferred():
             self.output = OutputReader()
             keep(self.output.close)
-        with deferred():  # the lifeline: ranks die when its write end closes (worker.py)
+        with deferred():  # the lifeline: ranks die when its write end closes (rank/main.py)
             self.fds["lifeline_r"], self.fds["lifeline_w"] = os.pipe()
             keep(self._close, "lifeline_r", "lifeline_w")
         if self.config.network is not None:
@@ -97,8 +95,8 @@ class Session:
 
     def _set_up_network(self) -> None:
         """A shaped run: the network fork server builds the links and hosts the store on the
-        bridge (ranks cannot reach our loopback); end-run takes them down (switch.py)."""
-        from ddp_lab.launch.network import link_plan, not_built
+        bridge (ranks cannot reach our loopback); end-run takes them down (network/switch.py)."""
+        from ddp_lab.launch.network.setting import link_plan, not_built
         plan = link_plan(self.config.network, self.config.world_size)
         self.server = get_network_fork_server()
         self._start_clock()
@@ -122,14 +120,7 @@ class Session:
                 os.close(out_w)
 
     def _spec(self, rank: int) -> RankSpec:
-        c = self.config
-        return RankSpec(rank=rank, world_size=c.world_size, run_dir=self.run_dir,
-                        env=rank_env(self.base_env, rank), cwd=os.getcwd(),
-                        sys_path=tuple(sys.path), backend=c.backend,
-                        threads=threads_per_rank(c.world_size),
-                        pg_timeout_s=c.timeout + 60.0, script=c.script,
-                        script_args=c.script_args, init_group=c.init_group,
-                        network=c.network is not None)
+        return rank_spec(self.config, rank, self.run_dir, self.base_env)
 
     def _await(self, pending, when: str) -> None:
         """Handle the fork server's replies until ``pending()`` is false."""
@@ -145,7 +136,7 @@ class Session:
     # -- the run ------------------------------------------------------------------------
     def wait(self) -> None:
         """Stream output until every rank has exited, enforcing grace and deadline."""
-        from ddp_lab.launch.heartbeat import Heartbeat
+        from ddp_lab.launch.output.heartbeat import Heartbeat
         heartbeat = Heartbeat(self.config.timeout, enabled=self.config.echo)
         deadline = min(self.started + self.config.timeout, self.limit)
         while any(s.running for s in self.ranks):
@@ -237,7 +228,7 @@ class Session:
                 state.exit_time = time.monotonic()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
-        from ddp_lab.launch.stacks import collect_stacks
+        from ddp_lab.launch.verdict.stacks import collect_stacks
         return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files)
 
     def _abandon_server(self, when: str) -> None:

@@ -29,9 +29,9 @@ import sys
 import threading
 from pathlib import Path
 
-from ddp_lab.launch import process_tree
 from ddp_lab.launch.config import RUN_DIR_VAR
-from ddp_lab.launch.reaper import put_down
+from ddp_lab.launch.forkserver import process_tree
+from ddp_lab.launch.forkserver.reaper import put_down
 
 FAILURES_FILE = "torchrun_failures.json"
 

@@ -29,13 +29,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles
-from ddp_lab.launch.echo import make_echo
-from ddp_lab.launch.environment import package_pythonpath
-from ddp_lab.launch.output import Output, OutputReader
-from ddp_lab.launch.process_tree import kill_tree
+from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles, package_pythonpath
+from ddp_lab.launch.deadlines import AGENTS_DRAIN_S
+from ddp_lab.launch.forkserver.process_tree import kill_tree
+from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.reader import Output, OutputReader
 
-DRAIN_S = 1.0  # after a stop, how long to collect what the killed agents had printed
 # Not echoed (kept in the outputs): C++ stack frames under a torch warning, and a warning
 # gVisor-style sandboxes trigger on every store connection (they report socket addresses
 # no resolver knows); neither helps a reader of the notebook.
@@ -217,7 +216,7 @@ class _Runner:
             if process.poll() is None:
                 stopped += kill_tree(process.pid)
             process.wait()
-        until = time.monotonic() + DRAIN_S
+        until = time.monotonic() + AGENTS_DRAIN_S
         while self.output.open and time.monotonic() < until:
             for out in self.output.read(until):
                 self._take(out)

@@ -31,20 +31,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddp_lab.launch.bound import DRAIN_QUIET_S
-from ddp_lab.launch.config import RUN_DIR_VAR, LaunchConfig, RunFiles, write_pickle
-from ddp_lab.launch.echo import make_echo
-from ddp_lab.launch.environment import loopback_env, package_pythonpath, threads_per_rank
+from ddp_lab.launch.config import (RUN_DIR_VAR, LaunchConfig, RunFiles, loopback_env,
+                                   package_pythonpath, threads_per_rank, write_pickle)
+from ddp_lab.launch.deadlines import DRAIN_QUIET_S, TORCHRUN_STACK_WAIT_S
 from ddp_lab.launch.errors import DistributedRunError
-from ddp_lab.launch.outcome import RunResult, conclude
-from ddp_lab.launch.output import Output, OutputReader
-from ddp_lab.launch.process_tree import kill_tree, send, wait_gone
-from ddp_lab.launch.ranks import RankState
-from ddp_lab.launch.record import RunRecord
+from ddp_lab.launch.forkserver.process_tree import kill_tree, send, wait_gone
+from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.torchrun.agent import FAILURES_FILE
 from ddp_lab.launch.torchrun.tee import PREFIX_TEMPLATE, TeeDemux, error_record
+from ddp_lab.launch.verdict.outcome import RunResult, conclude
+from ddp_lab.launch.verdict.rank_state import RankState
+from ddp_lab.launch.verdict.record import RunRecord
 
-STACK_WAIT_S = 3.0  # how long stuck workers get to print their stacks after SIGABRT
 STOPPED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL)  # how torchrun stops a worker's peers
 
 
@@ -108,7 +107,7 @@ class TorchrunSession:
 
     # -- the run ------------------------------------------------------------------------
     def wait(self) -> None:
-        from ddp_lab.launch.heartbeat import Heartbeat
+        from ddp_lab.launch.output.heartbeat import Heartbeat
         heartbeat = Heartbeat(self.config.timeout, enabled=self.config.echo)
         deadline = self.started + self.config.timeout
         while self.output.open:
@@ -149,14 +148,14 @@ class TorchrunSession:
         workers = _workers_by_rank(self.agent.pid)
         for pid in workers.values():
             send(pid, signal.SIGABRT)
-        wait_gone(list(workers.values()), STACK_WAIT_S)
+        wait_gone(list(workers.values()), TORCHRUN_STACK_WAIT_S)
         self.stacks = {rank: self._stack_of(rank) for rank in sorted(workers)} or {
             rank: "(torchrun had not started the workers yet)"
             for rank in range(self.config.world_size)}
         kill_tree(self.agent.pid)
 
     def _stack_of(self, rank: int) -> str:
-        from ddp_lab.launch.stacks import format_dump
+        from ddp_lab.launch.verdict.stacks import format_dump
         # torchrun's log folders are named by local rank, which is the rank on one node
         logs = sorted(Path(self.log_dir).glob(f"*/attempt_*/{rank}/stderr.log"),
                       key=lambda p: p.stat().st_mtime)
