@@ -25,6 +25,7 @@ from ddp_lab.launch.deadlines import (DRAIN_QUIET_S, END_WAIT_S, FAILURE_GRACE_S
 from ddp_lab.launch.errors import ForkServerUnresponsive
 from ddp_lab.launch.forkserver.client import (ForkServerDied, get_fork_server,
                                               get_network_fork_server)
+from ddp_lab.launch.forkserver.protocol import Exited, NetReady, RunEnded, ServerDied, Spawned
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.network.rendezvous import loopback_store
 from ddp_lab.launch.output.echo import make_echo
@@ -80,6 +81,7 @@ class Session:
         if self.config.network is not None:
             return self._set_up_network()
         self.server = get_fork_server()
+        keep(self.server.forget_run, self.run_dir)
         self._start_clock()
         with deferred():
             self.store, self.port = loopback_store(self.config.world_size)
@@ -99,14 +101,15 @@ class Session:
         from ddp_lab.launch.network.setting import link_plan, not_built
         plan = link_plan(self.config.network, self.config.world_size)
         self.server = get_network_fork_server()
+        self._cleanup.callback(self.server.forget_run, self.run_dir)
         self._start_clock()
         self.net_reply = None
         self.server.net_up(self.run_dir, self.config.world_size, plan, self.events)
         self._await(lambda: self.net_reply is None, "while building the run's network")
-        address, error = self.net_reply
-        if error:
-            raise not_built(error)
-        self.base_env = run_env(self.config, address[1], self.run_dir, address=address[0])
+        if self.net_reply.error:
+            raise not_built(self.net_reply.error)
+        host, port = self.net_reply.address
+        self.base_env = run_env(self.config, port, self.run_dir, address=host)
 
     def _spawn(self, state: RankState) -> None:
         spec = self._spec(state.rank)
@@ -209,18 +212,20 @@ class Session:
         except queue.Empty:
             pass
 
-    def _on_event(self, event: tuple) -> None:
-        if event[0] == "spawned":  # replies come in request order
-            next(s for s in self.ranks if s.pid is None).pid = event[1]
-        elif event[0] == "exited":
-            state = {s.pid: s for s in self.ranks}[event[1]]
-            state.exitcode, state.exit_time = event[2], time.monotonic()
-        elif event[0] == "server-died":
-            self._all_exited()
-        elif event[0] == "run-ended":
-            self.run_ended = True
-        elif event[0] == "net-ready":
-            self.net_reply = (event[1], event[2])
+    def _on_event(self, event) -> None:
+        """The one dispatch of the fork server's answers (protocol.py)."""
+        match event:
+            case Spawned(rank=rank, pid=pid):
+                self.ranks[rank].pid = pid
+            case Exited(pid=pid, exitcode=exitcode):
+                state = {s.pid: s for s in self.ranks}[pid]
+                state.exitcode, state.exit_time = exitcode, time.monotonic()
+            case ServerDied():
+                self._all_exited()
+            case RunEnded():
+                self.run_ended = True
+            case NetReady():
+                self.net_reply = event
 
     def _all_exited(self) -> None:
         for state in self.ranks:

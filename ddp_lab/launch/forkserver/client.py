@@ -9,7 +9,6 @@ a SIGKILL of the kernel makes it kill every rank and exit.
 from __future__ import annotations
 
 import atexit
-import itertools
 import os
 import queue
 import socket
@@ -22,6 +21,8 @@ from ddp_lab.launch.config import package_pythonpath
 from ddp_lab.launch.deadlines import CLOSE_WAIT_S, SEND_TIMEOUT_S, SPAWN_REPLY_TIMEOUT
 from ddp_lab.launch.errors import ForkServerUnresponsive
 from ddp_lab.launch.forkserver import process_tree, protocol
+from ddp_lab.launch.forkserver.protocol import (EndRun, NetUp, Ready, RunEnded, ServerDied,
+                                                SignalRank, SpawnRank, Warm, Warming)
 from ddp_lab.launch.interrupts import deferred
 
 
@@ -47,8 +48,7 @@ class ForkServer:
                              name="ddp_lab-forkserver-stderr", daemon=True).start()
         self.pid_owner = os.getpid()
         self._send_lock = threading.Lock()
-        self._ids = itertools.count()
-        self._routes: dict[int, queue.Queue] = {}  # request id, then pid -> the run's queue
+        self._routes: dict[str, queue.Queue] = {}  # run folder -> the run's queue of answers
         self._routes_lock = threading.Lock()
         self.alive = True
         self.wedged = False  # it stopped reading our messages: only killing it helps
@@ -56,15 +56,13 @@ class ForkServer:
         threading.Thread(target=self._read_replies, name="ddp_lab-forkserver", daemon=True).start()
 
     def spawn(self, spec, fds: list[int], events: queue.Queue) -> None:
-        """Ask for one rank; its ("spawned", pid) and ("exited", pid, code) go to ``events``."""
-        request_id = next(self._ids)
-        with self._routes_lock:
-            self._routes[-1 - request_id] = events
-        self._send(("spawn", request_id, spec), fds)
+        """Ask for one rank; its ``Spawned`` and ``Exited`` go to ``events``."""
+        self._route_run(spec.run_dir, events)
+        self._send(SpawnRank(spec), fds)
 
     def signal(self, pid: int, signum: int) -> None:
         try:
-            self._send(("signal", pid, signum))
+            self._send(SignalRank(pid, signum))
         except ForkServerDied:
             pass  # dead: it killed every rank on its way out; wedged: the caller kills it
 
@@ -72,23 +70,30 @@ class ForkServer:
         """Have the server import what runs use later (server.WARM) before it forks, and
         wait until it has: live ranks would each import it otherwise."""
         self.ready.clear()
-        self._send(("warm", None))
+        self._send(Warm())
         self.wait_ready()
 
     def end_run(self, run_dir: str, events: queue.Queue) -> None:
-        """Ask for ("run-ended", run_dir) in ``events`` once the run's leftovers are gone."""
-        with self._routes_lock:
-            self._routes[("run", run_dir)] = events
-        self._send(("end-run", run_dir))
+        """Ask for ``RunEnded`` in ``events`` once the run's leftovers are gone."""
+        self._route_run(run_dir, events)
+        self._send(EndRun(run_dir))
 
     def net_up(self, run_dir: str, world_size: int, plan, events: queue.Queue) -> None:
-        """Ask for a shaped run's network; ("net-ready", address or None, error or None)
-        goes to ``events`` (only a server started in a namespace of its own can)."""
-        with self._routes_lock:
-            self._routes[("net", run_dir)] = events
-        self._send(("net-up", run_dir, world_size, plan))
+        """Ask for a shaped run's network; ``NetReady`` goes to ``events`` (only a server
+        started in a namespace of its own can build one)."""
+        self._route_run(run_dir, events)
+        self._send(NetUp(run_dir, world_size, plan))
 
-    def _send(self, message: tuple, fds: list[int] = ()) -> None:
+    def forget_run(self, run_dir: str) -> None:
+        """The run is over: answers that still come for it are dropped."""
+        with self._routes_lock:
+            self._routes.pop(run_dir, None)
+
+    def _route_run(self, run_dir: str, events: queue.Queue) -> None:
+        with self._routes_lock:
+            self._routes[run_dir] = events
+
+    def _send(self, message, fds: list[int] = ()) -> None:
         if self.wedged:
             raise ForkServerDied("the ddp_lab fork server stopped answering")
         if self.sock.fileno() < 0:  # closed by shutdown(): at exit, a live session's close
@@ -136,23 +141,17 @@ class ForkServer:
                 "the new ddp_lab fork server died while importing torch (`python -c \"import "
                 "torch\"` says whether this environment can); run again to start a new one")
 
-    def _route(self, message: tuple) -> None:
-        kind, key, *rest = message
-        if kind == "ready":
-            return self.ready.set()
-        if kind == "warming":
-            return self.ready.clear()
+    def _route(self, message) -> None:
+        """The server's own state (``Ready``, ``Warming``) is kept here; every other answer
+        belongs to a run and goes to that run's queue as it is (session.py handles it)."""
+        if isinstance(message, (Ready, Warming)):
+            return self.ready.set() if isinstance(message, Ready) else self.ready.clear()
         with self._routes_lock:
-            if kind == "spawned":
-                events = self._routes.pop(-1 - key)
-                self._routes[rest[0]] = events
-                events.put(("spawned", rest[0]))
-            elif kind == "exited" and key in self._routes:
-                self._routes.pop(key).put(("exited", key, rest[0]))
-            elif kind == "run-ended" and ("run", key) in self._routes:
-                self._routes.pop(("run", key)).put(("run-ended", key))
-            elif kind == "net-ready" and ("net", key) in self._routes:
-                self._routes.pop(("net", key)).put(("net-ready", *rest))
+            events = self._routes.get(message.run_dir)
+            if isinstance(message, RunEnded):
+                self._routes.pop(message.run_dir, None)
+        if events is not None:
+            events.put(message)
 
     def _on_death(self) -> None:
         self.alive = False
@@ -161,7 +160,7 @@ class ForkServer:
             waiting = {id(events): events for events in self._routes.values()}
             self._routes.clear()
         for events in waiting.values():
-            events.put(("server-died",))
+            events.put(ServerDied())
 
     def close(self) -> None:
         """Stop the server (it kills any rank still running) and reap it; a wedged one

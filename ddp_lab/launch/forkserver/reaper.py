@@ -48,13 +48,13 @@ class Reaper:
         process_tree.send(pid, signal.SIGKILL)
         self.doom(tree, self.ranks[pid])
 
-    def reaped(self, pid: int) -> bool:
-        """A child was reaped; True when it was a rank."""
+    def reaped(self, pid: int) -> str | None:
+        """A child was reaped; the run folder of its run when it was a rank, else None."""
         self.doomed.pop(pid, None)
         run = self.ranks.pop(pid, None)
         if run is not None and not self.subreaper:  # no subreaper: its group is all we reach
             _kill_group(pid)
-        return run is not None
+        return run
 
     def doom(self, pids: list[int], run: str | None) -> None:
         at = time.monotonic() + LEFTOVER_GRACE_S
@@ -121,9 +121,10 @@ class Reaper:
         process_tree.kill_all(process_tree.descendants(os.getpid()))
         self.reap()
 
-    def reap(self) -> list[tuple[int, int]]:
+    def reap(self) -> list[tuple[str, int, int]]:
         """Reap every child that exited (ranks and adopted orphans alike); returns the
-        ranks among them as (pid, exit code), exit code < 0: killed by that signal."""
+        ranks among them as (run folder, pid, exit code), exit code < 0: killed by that
+        signal."""
         ranks = []
         while True:
             try:
@@ -132,8 +133,9 @@ class Reaper:
                 return ranks
             if pid == 0:
                 return ranks
-            if self.reaped(pid):
-                ranks.append((pid, os.waitstatus_to_exitcode(status)))
+            run = self.reaped(pid)
+            if run is not None:
+                ranks.append((run, pid, os.waitstatus_to_exitcode(status)))
 
 
 def put_down(pids: list[int], grace: float = LEFTOVER_GRACE_S) -> None:

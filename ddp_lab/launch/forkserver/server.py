@@ -6,24 +6,10 @@ torch costs milliseconds, and since this process is started with exec (never a f
 Jupyter kernel) and never initializes CUDA or OpenMP threads itself, forking it is safe even
 when the kernel has touched the GPU.
 
-Protocol (see protocol.py), launcher -> server:
-    ("spawn", request_id, RankSpec) + fds [output_pipe_w, lifeline_r]
-                                   (+ [calls_r, replies_w] for a live rank, live/)
-    ("signal", pid, signum)        signal a rank (SIGKILL: and everything below it)
-    ("end-run", run_dir)           the run is over: put its leftovers down (reaper.py)
-    ("warm", None)                 import WARM now if no run is going (live ranks); answered
-                                   by "ready" (after "warming" if it imports)
-    ("net-up", run_dir, world_size, LinkPlan)   a shaped run's network (network/switch.py); only
-                                   for a server started in a namespace of its own
-server -> launcher:
-    ("ready", None)                torch is imported (PRELOAD; after "warming": WARM too)
-    ("warming", None)              importing WARM: runs wait for "ready" to start
-    ("net-ready", run_dir, (address, port) or None, error or None)
-    ("spawned", request_id, pid)
-    ("exited", pid, returncode)    returncode < 0: killed by that signal
-    ("run-ended", run_dir)         no rank and no leftover of that run is left
-When the launcher goes away (EOF on the socket) every rank and leftover is killed and the
-server exits.
+The messages it answers and sends are protocol.py's (``SpawnRank`` -> ``Spawned``, then
+``Exited``; ``SignalRank``; ``EndRun`` -> ``RunEnded``; ``Warm`` -> ``Ready``; ``NetUp`` ->
+``NetReady``), handled in one place, ``Server._on_message``. When the launcher goes away
+(end of file on the socket) every rank and leftover is killed and the server exits.
 """
 
 from __future__ import annotations
@@ -40,6 +26,8 @@ import warnings
 
 from ddp_lab.launch.deadlines import SERVER_POLL_S
 from ddp_lab.launch.forkserver import process_tree, protocol
+from ddp_lab.launch.forkserver.protocol import (EndRun, Exited, NetReady, NetUp, Ready, RunEnded,
+                                                SignalRank, SpawnRank, Spawned, Warm, Warming)
 from ddp_lab.launch.forkserver.reaper import Reaper
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
@@ -93,16 +81,16 @@ class Server:
         for name in WARM:
             importlib.import_module(name)
         self.warm, self.warming = True, False
-        return self._tell(("ready", None))
+        return self._tell(Ready())
 
     def _warm_on_request(self) -> bool:
         """Live ranks use what a later run would find imported: import it before they are
         forked, once, rather than in each of them. Only with no other run going (the
         import blocks this loop); either way the answer is "ready" (after "warming")."""
         if self.warm or self.warming or self.reaper.groups or self.ending:
-            return self._tell(("ready", None))
+            return self._tell(Ready())
         self.warming = True
-        return self._tell(("warming", None))
+        return self._tell(Warming())
 
     def _select_timeout(self) -> float | None:
         if self.reaper.doomed or self.ending:  # leftovers do not all wake us when they exit
@@ -116,21 +104,23 @@ class Server:
         return self._answer_ended()
 
     def _on_message(self) -> bool:
+        """The one dispatch of what the launcher asks (protocol.py); False: it is gone."""
         message, fds = protocol.receive(self.sock)
-        if message is None:
-            return False
-        if message[0] == "spawn":
-            return self.spawn(message[1], message[2], fds)
-        if message[0] == "signal":
-            self.signal_rank(message[1], message[2])
-        elif message[0] == "net-up":
-            return self.net_up(*message[1:])
-        elif message[0] == "warm":
-            return self._warm_on_request()
-        elif message[0] == "end-run":
-            self.ending.add(message[1])
-            self.reaper.sweep()
-            return self._answer_ended()
+        match message:
+            case None:
+                return False
+            case SpawnRank(spec):
+                return self.spawn(spec, fds)
+            case SignalRank(pid, signum):
+                self.signal_rank(pid, signum)
+            case NetUp(run_dir, world_size, plan):
+                return self.net_up(run_dir, world_size, plan)
+            case Warm():
+                return self._warm_on_request()
+            case EndRun(run_dir):
+                self.ending.add(run_dir)
+                self.reaper.sweep()
+                return self._answer_ended()
         return True
 
     def _on_sigchld(self) -> bool:
@@ -143,11 +133,11 @@ class Server:
             self.switch = self.switch or Switch()
             net = self.switch.up(run_dir, world_size, plan)
         except Exception as exc:  # noqa: BLE001 - every failure goes back as a message
-            return self._tell(("net-ready", run_dir, None, f"{type(exc).__name__}: {exc}"))
+            return self._tell(NetReady(run_dir, None, f"{type(exc).__name__}: {exc}"))
         self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {run_dir}
-        return self._tell(("net-ready", run_dir, (net.address, net.port), None))
+        return self._tell(NetReady(run_dir, (net.address, net.port), None))
 
-    def spawn(self, request_id: int, spec, fds: list[int]) -> bool:
+    def spawn(self, spec, fds: list[int]) -> bool:
         sys.stdout.flush()
         sys.stderr.flush()
         with self._rank_network(spec):
@@ -159,7 +149,7 @@ class Server:
             os.close(fd)
         self.reaper.add_rank(pid, spec.run_dir)
         self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {spec.run_dir}
-        return self._tell(("spawned", request_id, pid))
+        return self._tell(Spawned(spec.run_dir, spec.rank, pid))
 
     def _rank_network(self, spec):
         """A shaped run's rank is forked inside its own network namespace."""
@@ -192,8 +182,8 @@ class Server:
 
     def reap(self) -> bool:
         """Reap every child (ranks, and orphans adopted as subreaper); report the ranks."""
-        for pid, exitcode in self.reaper.reap():
-            if not self._tell(("exited", pid, exitcode)):
+        for run, pid, exitcode in self.reaper.reap():
+            if not self._tell(Exited(run, pid, exitcode)):
                 return False
         self.reaper.sweep()
         return self._answer_ended()
@@ -206,7 +196,7 @@ class Server:
                 self.switch.down(run)
             # "warming" goes before "run-ended": the launcher knows before its run returns
             # that the next one must wait for "ready"
-            if not (self._announce_warming() and self._tell(("run-ended", run))):
+            if not (self._announce_warming() and self._tell(RunEnded(run))):
                 return False
         return True
 
@@ -217,9 +207,9 @@ class Server:
         if self.warm or self.warming or self.reaper.groups or self.ending:
             return True
         self.warming = True
-        return self._tell(("warming", None))
+        return self._tell(Warming())
 
-    def _tell(self, message: tuple) -> bool:
+    def _tell(self, message) -> bool:
         try:
             protocol.send(self.sock, message)
             return True
@@ -262,7 +252,7 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     preload()
     server = Server(sock)
-    if server._tell(("ready", None)):
+    if server._tell(Ready()):
         server.serve()
     _exit_at_once()
 
