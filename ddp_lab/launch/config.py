@@ -20,6 +20,7 @@ from pathlib import Path
 # Names the run folder in every rank's environment: ``ddp_lab.report`` writes there, and
 # torchrun passes it on to its workers, so the same script reports under both launchers.
 RUN_DIR_VAR = "DDP_LAB_RUN_DIR"
+RUN_DIR_PREFIX = "ddp_lab-"  # then the launcher's pid: new_run_dir
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,14 @@ def rank_spec(config: LaunchConfig, rank: int, run_dir: str, base_env: dict) -> 
                     pg_timeout_s=c.timeout + 60.0, script=c.script, script_args=c.script_args,
                     init_group=c.init_group, network=c.network is not None,
                     gpu_per_rank=uses_nccl(c.backend))
+
+
+def new_run_dir() -> str:
+    """A new run folder: private (mkdtemp makes it 0700), named after this process so that
+    a run's leftovers say whose they are (``ddp_lab-PID-...`` in the temporary folder). The
+    caller removes it; ``RunFiles`` says what goes in it."""
+    import tempfile
+    return tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
 
 
 class RunFiles:

@@ -79,3 +79,47 @@ def test_reader_reads_pipes_to_their_end_and_routes_pieces():
     assert [o for o in seen if o.owner != 0] == [Output(ord("x"), ["x"]), Output(ord("y"), ["y"])]
     reader.close()
     reader.close()  # idempotent
+
+
+def test_the_heartbeat_writes_through_the_echo_only(capsys, monkeypatch):
+    """One writer to the cell: the heartbeat hands its line to the echo, after the rank lines
+    the echo still holds."""
+    from ddp_lab.launch.output import echo, heartbeat
+    now = [100.0]
+    monkeypatch.setattr(echo.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(heartbeat.time, "monotonic", lambda: now[0])
+    shown = echo.NotebookEcho()
+    written = []
+    monkeypatch.setattr(shown, "write", written.append)
+    beat = heartbeat.Heartbeat(shown, timeout=60.0, started=100.0, running=lambda: [0, 1])
+    shown.show(0, ["a line"])
+    shown.show(1, ["held back"])  # batched: the echo writes at most every BATCH_EVERY_S
+    now[0] = 100.0 + heartbeat.FIRST_BEAT_S
+    beat.maybe_beat()
+    assert "".join(written) == ("[rank 0] a line\n[rank 1] held back\n"
+                                "[ddp_lab] 10 s: ranks 0-1 still running (timeout 60 s)\n")
+    assert capsys.readouterr().out == ""
+    assert beat.next_at() == 100.0 + 2 * heartbeat.FIRST_BEAT_S
+
+
+def test_the_run_loop_reads_until_the_next_thing_is_due():
+    import os
+    import time
+
+    from ddp_lab.launch.output.echo import SilentEcho
+    from ddp_lab.launch.output.reader import OutputReader
+    from ddp_lab.launch.output.run_loop import RunLoop
+    reader, taken, steps = OutputReader(), [], []
+    read_end, write_end = os.pipe()
+    reader.add(read_end, owner=0)
+    os.write(write_end, b"one\ntwo\n")
+    os.close(write_end)
+
+    def step(now: float) -> float:
+        steps.append(now)
+        return now + 0.01
+
+    RunLoop(reader, SilentEcho(), lambda out: taken.extend(out.lines)).run(
+        lambda: reader.open and len(steps) < 50, step)
+    assert taken == ["one", "two"] and not reader.open
+    assert steps == sorted(steps) and steps[-1] <= time.monotonic()

@@ -1,10 +1,12 @@
-"""Stopping processes we did not start directly: torchrun's workers and what runs in a
-network namespace.
+"""The one home for signalling, listing and killing trees of processes: a rank and its
+helpers (the fork server's reaper), torchrun's agent and workers, what runs in a network
+namespace. (A rank's own last resort, when the launcher and the fork server are both gone,
+is rank/main.py's: the rank imports nothing of the launcher.)
 
 torchrun starts every worker in a session of its own, so killing the agent's process group
 misses them, and once the agent is dead they are orphans nobody can list as its children.
-Hence: freeze the agent first (SIGSTOP: it cannot start a replacement), list its
-descendants, kill them group by group, then kill the agent.
+Hence: freeze the root first (SIGSTOP: it cannot start a replacement), list its
+descendants, kill them group by group, then kill the root.
 """
 
 from __future__ import annotations
@@ -24,10 +26,37 @@ def kill_tree(root_pid: int) -> list[int]:
     not even its stdin lifeline can end (seen once, for 2 hours, after an interrupted run)."""
     from ddp_lab.launch.interrupts import deferred
     with deferred():
-        send(root_pid, signal.SIGSTOP)
-        tree = descendants(root_pid)
+        tree = freeze_and_list(root_pid)
         kill_all([*tree, root_pid])
     return [root_pid, *tree]
+
+
+def freeze_and_list(root_pid: int) -> list[int]:
+    """SIGSTOP ``root_pid`` (frozen, it cannot fork while we list) and return every process
+    below it; the caller kills the root (a stopped process still dies of SIGKILL)."""
+    send(root_pid, signal.SIGSTOP)
+    return descendants(root_pid)
+
+
+def put_down(pids: list[int], grace: float) -> None:
+    """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL with whatever is below them:
+    multiprocessing's resource tracker ignores SIGTERM and, once every holder of its pipe is
+    gone, unlinks what a crashed process leaked in /dev/shm; SIGKILL at once would leak it.
+    For a process that cleans up after its children the way the fork server does
+    (torchrun's agent, torchrun/agent.py)."""
+    for pid in pids:
+        send(pid, signal.SIGTERM)
+        send(pid, signal.SIGCONT)
+    for pid in wait_gone(pids, grace):
+        kill_tree(pid)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid``, whose leader may be gone already (a reaped rank)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def become_subreaper() -> bool:

@@ -43,8 +43,7 @@ class Reaper:
         """SIGKILL a rank now; its descendants get the grace."""
         if pid not in self.ranks:
             return
-        process_tree.send(pid, signal.SIGSTOP)  # frozen, it cannot fork while we list
-        tree = process_tree.descendants(pid)
+        tree = process_tree.freeze_and_list(pid)
         process_tree.send(pid, signal.SIGKILL)
         self.doom(tree, self.ranks[pid])
 
@@ -53,7 +52,7 @@ class Reaper:
         self.doomed.pop(pid, None)
         run = self.ranks.pop(pid, None)
         if run is not None and not self.subreaper:  # no subreaper: its group is all we reach
-            _kill_group(pid)
+            process_tree.kill_group(pid)
         return run
 
     def doom(self, pids: list[int], run: str | None) -> None:
@@ -136,21 +135,3 @@ class Reaper:
             run = self.reaped(pid)
             if run is not None:
                 ranks.append((run, pid, os.waitstatus_to_exitcode(status)))
-
-
-def put_down(pids: list[int], grace: float = LEFTOVER_GRACE_S) -> None:
-    """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL with whatever is below them.
-    For a process that must clean up after its children the way the fork server does
-    (torchrun's agent, torchrun/agent.py)."""
-    for pid in pids:
-        process_tree.send(pid, signal.SIGTERM)
-        process_tree.send(pid, signal.SIGCONT)
-    for pid in process_tree.wait_gone(pids, grace):
-        process_tree.kill_tree(pid)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

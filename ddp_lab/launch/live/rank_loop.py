@@ -2,9 +2,10 @@
 until its call pipe closes (the session closed, or the kernel died).
 
 It runs inside a rank forked by the fork server, after the one-shot rank's set-up (output,
-lifeline, stack dump: rank/main.py), as that rank's body. The stop button reaches it as SIGINT: a
-``KeyboardInterrupt`` in the call's Python code, and an ``interrupted`` reply; between calls
-SIGINT is ignored, so a late one never kills an idle rank.
+lifeline, stack dump: rank/main.py), as that rank's body; it stays here, with the rest of
+live/, rather than in rank/. The stop button reaches it as SIGINT: a ``KeyboardInterrupt``
+in the call's Python code, and an ``interrupted`` reply; between calls SIGINT is ignored,
+so a late one never kills an idle rank.
 """
 
 from __future__ import annotations

@@ -11,17 +11,18 @@ rank cannot answer: handle.py starts new ones) or ``"stopped"`` (a rank died).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 
-from ddp_lab.launch.deadlines import (CALL_SEND_WAIT_S, FAILURE_GRACE_S, INTERRUPT_WAIT_S,
-                                      KILL_WAIT_S)
+from ddp_lab.launch.deadlines import CALL_SEND_WAIT_S, INTERRUPT_WAIT_S, KILL_WAIT_S, Deadline
 from ddp_lab.launch.errors import describe_ranks
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.live.frames import Call, FrameReader, RankGone, Reply, send
 from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.session import Session
 from ddp_lab.launch.verdict.rank_state import RankState
 
@@ -41,15 +42,15 @@ class CallState:
     stuck: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
     died: list[int] = field(default_factory=list)
+    over: bool = False  # every target replied, a rank died, or the deadline says stop
 
     @property
     def pending(self) -> list[int]:
         return [r for r in self.targets if r not in self.replies]
 
-    def end_by(self) -> float:
-        """Now-or-later: the deadline, or the grace after the first failure."""
-        end = self.started + self.timeout
-        return end if self.first_failure is None else min(end, self.first_failure + FAILURE_GRACE_S)
+    def ends_at(self) -> float:
+        """The deadline, or the grace after the first failure (deadlines.Deadline)."""
+        return Deadline(self.started, self.timeout).ends_at(self.first_failure)
 
 
 class LiveSession(Session):
@@ -138,21 +139,19 @@ class LiveSession(Session):
         return call
 
     def _await_replies(self, call: CallState) -> None:
-        from ddp_lab.launch.output.heartbeat import Heartbeat
-        heartbeat = Heartbeat(call.timeout, enabled=self.config.echo and call.seq > 0)
-        while True:
-            self._take_replies(call)
-            call.died = [s.rank for s in self.ranks if s.exit_time is not None]
-            if call.died or not call.pending:
-                return
-            now = time.monotonic()
-            if now >= call.end_by():
-                call.stuck = call.pending
-                return
-            self._pump(min(call.end_by(), self.echo.wake_at(),
-                           heartbeat.next_at(call.started)) - now)
-            self.echo.tick()
-            heartbeat.maybe_beat(call.started, call.pending)
+        heartbeat = Heartbeat(self.echo, call.timeout, call.started, lambda: call.pending,
+                              enabled=self.config.echo and call.seq > 0)
+        self.loop(heartbeat).run(lambda: not call.over, functools.partial(self._check, call))
+
+    def _check(self, call: CallState, now: float) -> float:
+        """The run loop's step for a call: replies taken, deaths and the deadline noted."""
+        self._take_replies(call)
+        call.died = [s.rank for s in self.ranks if s.exit_time is not None]
+        if call.died or not call.pending:
+            call.over = True
+        elif now >= call.ends_at():
+            call.stuck, call.over = call.pending, True
+        return call.ends_at()
 
     def _take_replies(self, call: CallState) -> None:
         for rank, reader in enumerate(self.frames):
@@ -186,7 +185,7 @@ class LiveSession(Session):
             self.server.signal(self.ranks[rank].pid, signal.SIGINT)
         until = time.monotonic() + INTERRUPT_WAIT_S
         while call.pending and time.monotonic() < until and not call.died:
-            self._pump(min(0.05, until - time.monotonic()))
+            self.loop().turn(min(time.monotonic() + 0.05, until))
             self._take_replies(call)
             call.died = [s.rank for s in self.ranks if s.exit_time is not None]
 

@@ -59,6 +59,11 @@ class PlainEcho:
     def show_status(self, rank: int, text: str) -> None:
         self.show(rank, [text])
 
+    def note(self, text: str) -> None:
+        """The launcher's own line (a heartbeat), after every rank line shown so far: the
+        echo is the one writer to the cell."""
+        self.write(text)
+
     def wake_at(self) -> float:
         """When ``tick`` has something to write (the reader's loop wakes up for it)."""
         return float("inf")
@@ -127,6 +132,10 @@ class NotebookEcho(PlainEcho):
             self.batch.append(text)
         else:
             self.left_out = 1
+
+    def note(self, text: str) -> None:
+        self.batch.append(text)
+        self._write_batch()
 
     def wake_at(self) -> float:
         return self.written_at + BATCH_EVERY_S if self.batch else float("inf")
