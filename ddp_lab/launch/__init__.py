@@ -6,16 +6,17 @@ The entry points are on top; everything else is in rooms that follow a run. Read
 1. ``api`` (``run``, ``run_script``, ``launch``: what they share), ``mp_spawn`` (``spawn``,
    the ``torch.multiprocessing.spawn`` drop-in), ``checks`` (bad input, before any process;
    ``backends``: what "auto" picks), ``payload`` (what travels to the ranks).
-2. ``config`` (what the kernel and the ranks share: settings, one rank's instructions, the
-   run folder) and ``environment`` (the environment every rank starts with).
-3. ``session`` (one run: fork server, rendezvous, ranks, output, deadline, cleanup) with
-   ``deadlines`` (every wait of a run, and when the run must end) and ``interrupts``
-   (Ctrl-C held back while a resource is created).
+2. ``config`` (what the kernel and the ranks share: settings, one rank's instructions and
+   the environment it starts with, the run folder).
+3. ``session`` (one run, phase by phase: set-up, start, the run, cleanup) with ``deadlines``
+   (every wait of a run, and ``Deadline``: the one policy that says when a run must end)
+   and ``interrupts`` (Ctrl-C held back while a resource is created).
 4. ``forkserver/`` (the process that forks the ranks: protocol, client, server, reaper,
    process tree).
 5. ``rank/`` (inside a rank: ``main`` runs the user's code; imports nothing of the
    launcher but ``config`` and ``errors``).
-6. ``output/`` (the one reader of the ranks' pipes, the one writer to the cell, heartbeat).
+6. ``output/`` (the one reader of the ranks' pipes, the one writer to the cell, heartbeat,
+   and the one run loop every launcher shares).
 7. ``verdict/`` (rank state, the run record, the outcome or its error, stacks) and
    ``errors`` (the exceptions a run raises).
 8. ``network/`` (``network=``: the setting, the switch, the rendezvous).
