@@ -12,12 +12,12 @@ from ddp_lab.launch.errors import (DistributedRunError, ForkServerUnresponsive, 
 from ddp_lab.launch.api import run, run_script
 from ddp_lab.launch.live.handle import Ranks
 from ddp_lab.launch.magic import load_ipython_extension
-from ddp_lab.launch.network import Network, NetworkUnavailable
-from ddp_lab.launch.outcome import RunResult
-from ddp_lab.launch.progress import progress
-from ddp_lab.launch.spawn import spawn
-from ddp_lab.launch.spawner import shutdown
-from ddp_lab.launch.worker import report
+from ddp_lab.launch.network.setting import Network, NetworkUnavailable
+from ddp_lab.launch.verdict.outcome import RunResult
+from ddp_lab.launch.rank.progress import progress
+from ddp_lab.launch.mp_spawn import spawn
+from ddp_lab.launch.forkserver.client import shutdown
+from ddp_lab.launch.rank.main import report
 
 __all__ = ["run", "run_script", "spawn", "report", "Ranks", "RunResult", "DistributedRunError",
            "WorkerError", "WorkerTimeout", "UnreadableResult", "ForkServerUnresponsive",

@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 import ddp_lab
-from ddp_lab.launch.spawner import launcher_pids
+from ddp_lab.launch.forkserver.client import launcher_pids
 from slow import is_slow
 
 pytest_plugins = ("pytester",)  # tests/test_leak_check.py runs the fixture on leaky tests
@@ -54,7 +54,8 @@ def _is_kept_kernel(process: psutil.Process) -> bool:
         if "ipykernel_launcher" in process.cmdline():
             return True
         parent = process.parent()
-        return "ddp_lab.launch.zygote" in process.cmdline() and "ipykernel_launcher" in parent.cmdline()
+        return ("ddp_lab.launch.forkserver.server" in process.cmdline()
+                and "ipykernel_launcher" in parent.cmdline())
     except psutil.Error:
         return False
 
@@ -106,7 +107,8 @@ def pytest_configure(config):
     https://www.gnu.org/software/bash/manual/html_node/Signals.html"""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if config.getoption("--stress-runs"):  # read when test_stress.py is imported (repeats.py)
+    # read when test_interrupts_stress.py is imported (repeats.py)
+    if config.getoption("--stress-runs"):
         os.environ["DDP_LAB_STRESS_RUNS"] = str(config.getoption("--stress-runs"))
 
 
@@ -139,14 +141,14 @@ TUTORIAL_PORT = "'12355'"  # https://pytorch.org/tutorials/intermediate/ddp_tuto
 
 def pytest_addoption(parser):
     parser.addoption("--stress-runs", type=int, default=None,
-                     help="runs of tests/launch/test_stress.py (default: "
+                     help="runs of tests/launch/test_interrupts_stress.py (default: "
                           "$DDP_LAB_STRESS_RUNS, else 1000 with DDP_LAB_SOAK=1, else 100)")
 
 
 @pytest.fixture(scope="session")
 def warm_fork_server():
     """DDP's constructor imports torch._dynamo; the fork server imports it once it has been
-    idle a moment after its first run (launch/zygote.py). Wait for that here, once (the
+    idle a moment after its first run (launch/forkserver/server.py). Wait for that here, once (the
     exercise tests run one after another on that server), so each exercise's DDP check
     starts in a fraction of a second, as in a notebook."""
     ddp_lab.run(_nothing, 1, echo=False)

@@ -55,20 +55,20 @@ SLOW = {
         "test_train_cnn_script_via_run_script": 12,
         "test_digits_split_is_reproducible_and_disjoint": 10,
     },
-    "tests/launch/test_cold_start.py": {
+    "tests/launch/test_forkserver_cold_start.py": {
         "test_after_the_first_run_ranks_are_forked_with_torch_dynamo_loaded": 24,
         "test_a_slow_start_is_not_on_the_clock_of_the_first_run": 23,
         "test_a_new_server_stopped_while_it_imports_is_killed": 20,
     },
-    "tests/launch/test_faults.py": {
+    "tests/launch/test_session_faults.py": {
         "test_sigkill_of_the_launcher_takes_the_ranks_down": 15,
         "test_a_dead_fork_server_is_replaced": 8,
         "test_ranks_failing_on_their_own_are_not_called_knock_on": 7,
     },
-    "tests/launch/test_launch.py": {
+    "tests/launch/test_api_run.py": {
         "test_two_launcher_processes_at_once_never_collide": 38,
     },
-    "tests/launch/test_leftovers.py": {
+    "tests/launch/test_forkserver_leftovers.py": {
         "test_a_helper_in_its_own_session_dies_with_a_killed_launcher": 23,
         "test_a_fork_server_stopped_before_the_run_ends_the_run": 22,
         "test_a_fork_server_stopped_mid_run_ends_the_run": 18,
@@ -78,20 +78,20 @@ SLOW = {
     "tests/launch/test_magic.py": {
         "test_network_gives_each_rank_a_shaped_link": 9,
     },
-    "tests/launch/test_network.py": {
+    "tests/launch/test_network_runs.py": {
         "test_sigkill_of_the_launcher_takes_the_namespaces_down": 21,
         "test_links_deliver_the_configured_bandwidth": 10,
     },
-    "tests/launch/test_notebook_source.py": {
+    "tests/launch/test_payload_sources.py": {
         "test_a_real_kernels_tutorial_function_shows_its_raising_line": 30,
     },
-    "tests/launch/test_output_whole.py": {
+    "tests/launch/test_output_echo.py": {
         "test_every_line_reaches_the_logs_with_the_echo_on": 17,
     },
-    "tests/launch/test_script.py": {
+    "tests/launch/test_api_run_script.py": {
         "test_same_script_runs_under_real_torchrun_and_report_is_harmless": 26,
     },
-    "tests/launch/test_spawn.py": {
+    "tests/launch/test_mp_spawn.py": {
         "test_a_hang_under_spawn_times_out_with_stacks": 6,
     },
     "tests/launch/test_torchrun.py": {
@@ -102,7 +102,7 @@ SLOW = {
         "test_sigkill_of_the_launcher_takes_agent_workers_and_folder_down": 19,
         "test_exit_code_of_a_rank_that_exits_without_a_traceback": 12,
     },
-    "tests/launch/test_tutorial_teardown.py": {
+    "tests/launch/test_rank_teardown.py": {
         "test_the_tutorials_cleanup_after_a_pause_does_not_hang": 9,
     },
     "tests/notebooks/test_kernel.py": {

@@ -95,6 +95,61 @@ def test_module_is_small(name):
     assert lines <= MAX_LINES, f"{name}: {lines} lines; split it by concept"
 
 
+LAUNCH = PACKAGE / "launch"
+MAX_LAUNCH_TOP = 12  # the entry points and what they share; everything else is in a room
+LAUNCH_ROOMS = {"forkserver", "rank", "output", "verdict", "network", "torchrun", "live"}
+# What runs inside a rank stays light and readable on its own: of the launcher, only what the
+# kernel and the ranks share (config) and the errors.
+RANK_MAY_IMPORT = {"ddp_lab.launch.config", "ddp_lab.launch.errors"}
+# Module names the launcher holds more than once, each for the same part in its own folder.
+SAME_PART = {
+    "session": {"ddp_lab.launch.session", "ddp_lab.launch.live.session",
+                "ddp_lab.launch.torchrun.session"},  # one run: fork server, live, torchrun
+    "outcome": {"ddp_lab.launch.verdict.outcome",
+                "ddp_lab.launch.live.outcome"},  # a run's, a live call's
+}
+
+
+def launch_modules() -> dict[str, Path]:
+    return {name: path for name, path in modules().items()
+            if name.startswith("ddp_lab.launch.") and path.name != "__init__.py"}
+
+
+def test_launch_top_level_holds_the_entry_points_and_rooms():
+    top = sorted(p.name for p in LAUNCH.glob("*.py"))
+    assert len(top) <= MAX_LAUNCH_TOP, top
+    folders = {p.name for p in LAUNCH.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == LAUNCH_ROOMS
+    for folder in folders:
+        assert (LAUNCH / folder / "__init__.py").exists(), folder
+
+
+@pytest.mark.parametrize("name", sorted(n for n in launch_modules()
+                                        if n.startswith("ddp_lab.launch.rank.")))
+def test_rank_room_imports_only_config_and_errors(name):
+    for imported in imports_of(modules()[name]):
+        if imported.startswith("ddp_lab.launch.rank.") or imported == "ddp_lab.launch.rank":
+            continue
+        assert imported in RANK_MAY_IMPORT, f"{name} imports {imported}"
+
+
+def test_launch_module_names_are_unique_but_for_the_same_part():
+    by_name: dict[str, set[str]] = {}
+    for name in launch_modules():
+        by_name.setdefault(name.rsplit(".", 1)[-1], set()).add(name)
+    shared = {short: names for short, names in by_name.items() if len(names) > 1}
+    assert shared == SAME_PART
+
+
+def test_launch_reading_order_names_every_room():
+    order = (LAUNCH / "__init__.py").read_text()
+    for folder in LAUNCH_ROOMS:
+        assert f"{folder}/" in order, folder
+    for path in LAUNCH.glob("*.py"):
+        if path.name != "__init__.py":
+            assert f"``{path.stem}``" in order, path.stem
+
+
 def test_no_import_cycle():
     graph = {name: {i for i in imports_of(path, top_level_only=True) if i in modules()}
              for name, path in modules().items()}

@@ -8,8 +8,8 @@ def leftover_processes() -> list:
     are meant to stay: ddp_lab's fork servers and multiprocessing's resource tracker (which
     mp.spawn starts once per kernel). After any run, this should be empty."""
     import psutil
-    import ddp_lab.launch.spawner
-    keep = ddp_lab.launch.spawner.launcher_pids()
+    import ddp_lab.launch.forkserver.client
+    keep = ddp_lab.launch.forkserver.client.launcher_pids()
     return [p for p in psutil.Process().children(recursive=True)
             if p.pid not in keep and "resource_tracker" not in " ".join(_cmdline(p))]
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_lab.launch.process_tree import send, wait_gone
+from ddp_lab.launch.forkserver.process_tree import send, wait_gone
 
 SUBNET = "10.213.0"        # a private /24 that only exists inside the namespaces
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NS` mounts /etc/netns/NS/hosts on /etc/hosts

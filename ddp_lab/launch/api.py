@@ -1,6 +1,7 @@
 """``run`` and ``run_script``: check the input, start the ranks, return what they returned.
 
-Ranks are fresh processes forked from a fork server that has torch imported (zygote.py),
+Ranks are fresh processes forked from a fork server that has torch imported
+(forkserver/server.py),
 never forks of the calling kernel, so functions defined in a notebook work (they travel by
 value with cloudpickle) and a kernel that touched CUDA is no problem.
 """
@@ -12,10 +13,10 @@ from dataclasses import replace
 
 from ddp_lab.launch import backends, checks
 from ddp_lab.launch.config import LaunchConfig
-from ddp_lab.launch.outcome import RunResult, conclude
+from ddp_lab.launch.forkserver.client import get_fork_server, get_network_fork_server
 from ddp_lab.launch.session import Session
-from ddp_lab.launch.skips import warn_if_skipped
-from ddp_lab.launch.spawner import get_fork_server, get_network_fork_server
+from ddp_lab.launch.verdict.outcome import RunResult, conclude
+from ddp_lab.launch.verdict.skips import warn_if_skipped
 
 
 def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
@@ -25,7 +26,7 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     Each rank's output is printed live as ``[rank N] ...`` (``echo=False`` keeps it only in
     ``.logs``). Returns a RunResult; raises WorkerError if a rank fails and WorkerTimeout if
     the ranks are still running after ``timeout`` seconds. ``network=Network("1gbit")``
-    (or just ``"1gbit"``) gives every rank a shaped link of its own (network.py).
+    (or just ``"1gbit"``) gives every rank a shaped link of its own (network/setting.py).
     """
     __tracebackhide__ = True  # IPython shows the error, not the launcher's frames
     checks.check_callable(fn)
@@ -36,7 +37,7 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     args, kwargs = checks.check_call_args(args, kwargs)
     payload = pickle_payload(fn, args, kwargs)
     checks.check_signature(fn, args, kwargs, RUN_CALL_ADVICE)
-    return _launch(with_network(config, network), payload)
+    return launch(with_network(config, network), payload)
 
 
 RUN_CALL_ADVICE = (
@@ -70,14 +71,14 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
     if launcher == "torchrun":
         from ddp_lab.launch.torchrun.session import run_with_torchrun
         return warn_if_skipped(run_with_torchrun(_checked_backend(config)), stacklevel=3)
-    return _launch(with_network(config, network), payload=None)
+    return launch(with_network(config, network), payload=None)
 
 
 def with_network(config: LaunchConfig, network) -> LaunchConfig:
     """The checked network (None: loopback); errors here come before any process starts."""
     if network is None:
         return config
-    from ddp_lab.launch.network import check_network
+    from ddp_lab.launch.network.setting import check_network
     if backends.uses_nccl(config.backend):
         raise ValueError("network= shapes gloo's TCP traffic between CPU ranks; NCCL on GPUs "
                          "does not go through it. Use backend='gloo' (or 'auto', which is "
@@ -114,7 +115,9 @@ def interactive_sources() -> dict:
             if len(entry) == 4 and entry[1] is None}
 
 
-def _launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
+def launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
+    """A checked config (and fn's payload; None for a script) from start to result: what
+    run, run_script and the mp.spawn drop-in share."""
     __tracebackhide__ = True
     config = prepare(config)
     with Session(config, payload) as session:

@@ -18,9 +18,9 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 # size of arguments and environment"): torchrun, spawned DataLoader workers or compilers a
 # rank starts would all fail with E2BIG.
 MAX_ENV_STRING = 32 * 4096
-# Each rank's environment travels to the fork server in one message (channel.MAX_MESSAGE,
-# 1 MiB) next to this process's own environment; execve allows a quarter of the stack limit
-# (usually 2 MiB) for arguments and environment together.
+# Each rank's environment travels to the fork server in one message (MAX_MESSAGE, 1 MiB, in
+# forkserver/protocol.py) next to this process's own environment; execve allows a quarter of
+# the stack limit (usually 2 MiB) for arguments and environment together.
 MAX_ENV_TOTAL = 512 * 1024
 
 

@@ -26,7 +26,7 @@ class WorkerError(DistributedRunError):
     Attributes: rank, exitcode, traceback (str, the root-cause rank's), logs (list of every
     rank's output), knock_on and also_failed (dict rank -> one-line reason), values (each
     rank's value where it arrived, else None), finished (True when the root-cause rank had
-    finished its code and died in teardown, exit_abort.py).
+    finished its code and died in teardown, verdict/died_after_return.py).
     """
 
     def __init__(self, rank: int, exitcode: int | None, traceback: str, logs: list[str],
@@ -119,7 +119,7 @@ class WorkerTimeout(DistributedRunError):
 
     def _message(self) -> str:
         done = sorted(set(range(len(self.logs))) - set(self.stuck_ranks))
-        from ddp_lab.launch.stacks import hang_advice, waiting_in
+        from ddp_lab.launch.verdict.stacks import hang_advice, waiting_in
         advice = hang_advice([self.stacks.get(r, "") for r in self.stuck_ranks])
         lines = [f"timed out after {self.timeout:g} s: ranks {self.stuck_ranks} were still "
                  f"running" + (f" (ranks {done} had finished)." if done else "."),
@@ -133,6 +133,15 @@ class WorkerTimeout(DistributedRunError):
             lines += [f"rank {rank} was here" + (f", waiting in {where}:" if where else ":"),
                       _indent(stack), ""]
         return "\n".join(lines).rstrip()
+
+
+def describe_ranks(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-3' or 'ranks 0, 2'."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -65,7 +65,7 @@ def ddp(line: str, cell: str, user_ns: dict) -> None:
     """The magic's body, separate from IPython's registration so tests can call it."""
     __tracebackhide__ = True
     import ddp_lab
-    from ddp_lab.launch.cell import run_cell
+    from ddp_lab.launch.rank.cell import run_cell
     options = parse_magic_line(line)
     if options.help:
         print(magic_parser().format_help())

@@ -5,54 +5,72 @@ Interrupt-safe by construction: ``__enter__`` creates nothing, so from the momen
 Session exists its ``__exit__`` runs; every resource is registered for cleanup the moment
 it is created, with Ctrl-C held back in between (interrupts.py); cleanup holds Ctrl-C back
 until it is done and then raises it. The call is bounded whatever the ranks or the fork
-server do: it ends within ``timeout`` + ``bound.BOUND_SLACK_S`` (a server that stops answering
-is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
+server do: it ends within ``timeout`` + ``deadlines.BOUND_SLACK_S`` (a server that stops
+answering is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import shutil
 import signal
-import sys
-import tempfile
 import time
+from dataclasses import dataclass, field
 
-from ddp_lab.launch.bound import (DRAIN_QUIET_S, END_WAIT_S, FAILURE_GRACE_S, KILL_WAIT_S,
-                                  START_SLACK_S)
-from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles
-from ddp_lab.launch.echo import make_echo
-from ddp_lab.launch.environment import rank_env, run_env, threads_per_rank
+from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles, new_run_dir, rank_spec, run_env
+from ddp_lab.launch.deadlines import (DRAIN_QUIET_S, END_WAIT_S, GRACE_OVER, KILL_WAIT_S, TIMED_OUT,
+                                      Deadline, StartClock)
 from ddp_lab.launch.errors import ForkServerUnresponsive
+from ddp_lab.launch.forkserver.client import (ForkServerDied, get_fork_server,
+                                              get_network_fork_server)
+from ddp_lab.launch.forkserver.protocol import Exited, NetReady, RunEnded, ServerDied, Spawned
 from ddp_lab.launch.interrupts import deferred
-from ddp_lab.launch.output import Output, OutputReader
-from ddp_lab.launch.ranks import RankState
-from ddp_lab.launch.record import RunRecord
-from ddp_lab.launch.rendezvous import loopback_store
-from ddp_lab.launch.spawner import (SPAWN_REPLY_TIMEOUT, ForkServerDied, get_fork_server,
-                                    get_network_fork_server)
+from ddp_lab.launch.network.rendezvous import loopback_store
+from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.heartbeat import Heartbeat
+from ddp_lab.launch.output.reader import Output, OutputReader
+from ddp_lab.launch.output.run_loop import RunLoop
+from ddp_lab.launch.verdict.rank_state import RankState
+from ddp_lab.launch.verdict.record import RunRecord
+
+
+@dataclass
+class Stopping:
+    """The ranks the launcher has killed: only their exit reports are still awaited, and a
+    fork server that has not reported them gone ``KILL_WAIT_S`` after ``sent_at`` is wedged."""
+
+    killed: set = field(default_factory=set)  # pids sent SIGKILL
+    sent_at: float = math.inf
 
 
 class Session:
-    """Use as ``with Session(config, payload) as s: s.start(); s.wait()``."""
+    """Use as ``with Session(config, payload) as s: s.start(); s.wait()``.
+
+    Its phases, each with what it sets: set-up (``run_dir``, ``files``, ``output``, the
+    lifeline in ``fds``, ``server``, ``clock``, ``store``, ``base_env``), start (each rank's
+    pid in ``ranks``, then ``deadline``), the run (``stopping``, ``timed_out``, ``stacks``,
+    ``seconds``), cleanup (``run_ended``). Every attribute is set here, None until then."""
 
     def __init__(self, config: LaunchConfig, payload: bytes | None):
         self.config = config
         self.payload = payload
         self.ranks = [RankState(r) for r in range(config.world_size)]
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.Queue = queue.Queue()  # the fork server's answers (protocol.py)
+        self.echo = make_echo(config.echo)
+        self._cleanup = contextlib.ExitStack()
+        self.run_dir = self.files = self.output = self.server = None  # set up: _set_up
+        self.clock = self.store = self.base_env = self.net_reply = None
+        self.fds: dict[str, int] = {}  # closed once, by name: a number may be reused at once
+        self.requested = 0  # spawn requests sent (ranks[:requested] have a pid, or will)
+        self.deadline: Deadline | None = None
+        self.stopping = Stopping()
         self.timed_out = False
         self.stacks: dict[int, str] = {}
-        self.killed: set[int] = set()  # pids sent SIGKILL; only their exit reports are awaited
-        self.kill_sent = float("inf")
-        self.requested = 0  # spawn requests sent (ranks[:requested] have a pid, or will)
-        self.server = None
-        self.fds: dict[str, int] = {}  # closed once, by name: a number may be reused at once
-        self.echo = make_echo(config.echo)
         self.seconds = 0.0
-        self._cleanup = contextlib.ExitStack()
+        self.run_ended = False
 
     def __enter__(self) -> "Session":
         return self  # creates nothing: once the with-block is entered, __exit__ will run
@@ -63,12 +81,12 @@ class Session:
         for state in self.ranks:
             self._spawn(state)
         self._await(lambda: any(s.pid is None for s in self.ranks), "while starting the ranks")
-        self.started = time.monotonic()
+        self.deadline = self.clock.deadline(started=time.monotonic())
 
     def _set_up(self) -> None:
         keep = self._cleanup.callback
-        with deferred():  # mkdtemp makes it 0700; the pid says whose it is
-            self.run_dir = tempfile.mkdtemp(prefix=f"ddp_lab-{os.getpid()}-")
+        with deferred():
+            self.run_dir = new_run_dir()
             keep(shutil.rmtree, self.run_dir, ignore_errors=True)
         self.files = RunFiles(self.run_dir)
         if self.payload is not None:
@@ -76,39 +94,39 @@ class Session:
         with deferred():
             self.output = OutputReader()
             keep(self.output.close)
-        with deferred():  # the lifeline: ranks die when its write end closes (worker.py)
+        with deferred():  # the lifeline: ranks die when its write end closes (rank/main.py)
             self.fds["lifeline_r"], self.fds["lifeline_w"] = os.pipe()
             keep(self._close, "lifeline_r", "lifeline_w")
         if self.config.network is not None:
             return self._set_up_network()
         self.server = get_fork_server()
+        keep(self.server.forget_run, self.run_dir)
         self._start_clock()
         with deferred():
-            self.store, self.port = loopback_store(self.config.world_size)
+            self.store, port = loopback_store(self.config.world_size)
             keep(setattr, self, "store", None)  # its destructor stops the server thread
-        self.base_env = run_env(self.config, self.port, self.run_dir)
+        self.base_env = run_env(self.config, port, self.run_dir)
 
     def _start_clock(self) -> None:
         """Once the fork server is ready: a new one imports torch first (seconds, many more
         on busy cores), which is not the run's time and must not eat a short timeout."""
         self.server.wait_ready()
-        self.entered = time.monotonic()
-        self.limit = self.entered + self.config.timeout + START_SLACK_S
+        self.clock = StartClock(entered=time.monotonic(), timeout=self.config.timeout)
 
     def _set_up_network(self) -> None:
         """A shaped run: the network fork server builds the links and hosts the store on the
-        bridge (ranks cannot reach our loopback); end-run takes them down (switch.py)."""
-        from ddp_lab.launch.network import link_plan, not_built
+        bridge (ranks cannot reach our loopback); end-run takes them down (network/switch.py)."""
+        from ddp_lab.launch.network.setting import link_plan, not_built
         plan = link_plan(self.config.network, self.config.world_size)
         self.server = get_network_fork_server()
+        self._cleanup.callback(self.server.forget_run, self.run_dir)
         self._start_clock()
-        self.net_reply = None
         self.server.net_up(self.run_dir, self.config.world_size, plan, self.events)
         self._await(lambda: self.net_reply is None, "while building the run's network")
-        address, error = self.net_reply
-        if error:
-            raise not_built(error)
-        self.base_env = run_env(self.config, address[1], self.run_dir, address=address[0])
+        if self.net_reply.error:
+            raise not_built(self.net_reply.error)
+        host, port = self.net_reply.address
+        self.base_env = run_env(self.config, port, self.run_dir, address=host)
 
     def _spawn(self, state: RankState) -> None:
         spec = self._spec(state.rank)
@@ -122,18 +140,11 @@ class Session:
                 os.close(out_w)
 
     def _spec(self, rank: int) -> RankSpec:
-        c = self.config
-        return RankSpec(rank=rank, world_size=c.world_size, run_dir=self.run_dir,
-                        env=rank_env(self.base_env, rank), cwd=os.getcwd(),
-                        sys_path=tuple(sys.path), backend=c.backend,
-                        threads=threads_per_rank(c.world_size),
-                        pg_timeout_s=c.timeout + 60.0, script=c.script,
-                        script_args=c.script_args, init_group=c.init_group,
-                        network=c.network is not None)
+        return rank_spec(self.config, rank, self.run_dir, self.base_env)
 
     def _await(self, pending, when: str) -> None:
         """Handle the fork server's replies until ``pending()`` is false."""
-        until = min(self.entered + SPAWN_REPLY_TIMEOUT, self.limit)
+        until = self.clock.setup_until
         while pending():
             if not self.server.alive and not self.server.wedged:
                 raise RuntimeError(f"the ddp_lab fork server died {when}; run again (a new "
@@ -145,65 +156,49 @@ class Session:
     # -- the run ------------------------------------------------------------------------
     def wait(self) -> None:
         """Stream output until every rank has exited, enforcing grace and deadline."""
-        from ddp_lab.launch.heartbeat import Heartbeat
-        heartbeat = Heartbeat(self.config.timeout, enabled=self.config.echo)
-        deadline = min(self.started + self.config.timeout, self.limit)
-        while any(s.running for s in self.ranks):
-            now = time.monotonic()
-            self._enforce(now, deadline)
-            if self.killed:
-                wakeup = now + 0.05
-            else:
-                wakeup = min(deadline, self._grace_end(), heartbeat.next_at(self.started),
-                             self.echo.wake_at())
-            self._pump(max(0.0, wakeup - now))
-            self.echo.tick()
-            heartbeat.maybe_beat(self.started, [s.rank for s in self.ranks if s.running])
+        heartbeat = Heartbeat(self.echo, self.config.timeout, self.deadline.started,
+                              lambda: [s.rank for s in self.ranks if s.running],
+                              enabled=self.config.echo)
+        self.loop(heartbeat).run(lambda: any(s.running for s in self.ranks), self._enforce)
         # every rank exited, so all it printed is in its pipe, maybe much of it unread (the
         # echo may lag): read it all before the run returns, or res.logs lose their tails
-        for out in self.output.read_to_the_end(DRAIN_QUIET_S, self.limit):
+        for out in self.output.read_to_the_end(DRAIN_QUIET_S, self.clock.limit):
             self._show(out)
-        self.seconds = time.monotonic() - self.started
+        self.seconds = time.monotonic() - self.deadline.started
 
-    def _enforce(self, now: float, deadline: float) -> None:
+    def loop(self, heartbeat=None) -> RunLoop:
+        """The run loop over the ranks' output, the fork server's answers between reads."""
+        return RunLoop(self.output, self.echo, self._show, self._drain_events, heartbeat)
+
+    def _enforce(self, now: float) -> float:
+        """Do what the deadline policy says is due now; when to look again."""
         running = [s for s in self.ranks if s.running]
-        if self.server.wedged or now >= self.kill_sent + KILL_WAIT_S:
+        if self.server.wedged or now >= self.stopping.sent_at + KILL_WAIT_S:
             self._abandon_server("during the run")
-        if not running or self.killed:
-            return
-        if now >= self._grace_end():
+        if not running or self.stopping.killed:
+            return now + 0.05  # only exit reports are still to come
+        first = self._first_failure()
+        due = self.deadline.due(now, first)
+        if due == GRACE_OVER:
             for state in running:
                 state.stopped_by_launcher = True
             self._kill(running)
-        elif now >= deadline and self._first_failure() is None:
+        elif due == TIMED_OUT:
             self.timed_out = True
             self.stacks = self._collect_stacks([s.rank for s in running])
             self._kill(running)
+        return now + 0.05 if self.stopping.killed else self.deadline.ends_at(first)
 
     def _kill(self, states: list[RankState]) -> None:
-        self.kill_sent = min(self.kill_sent, time.monotonic())
+        self.stopping.sent_at = min(self.stopping.sent_at, time.monotonic())
         for state in states:
-            if state.pid not in self.killed:
-                self.killed.add(state.pid)
+            if state.pid not in self.stopping.killed:
+                self.stopping.killed.add(state.pid)
                 self.server.signal(state.pid, signal.SIGKILL)
 
     def _first_failure(self) -> float | None:
         times = [s.exit_time for s in self.ranks if s.exitcode not in (None, 0)]
         return min(times) if times else None
-
-    def _grace_end(self) -> float:
-        first = self._first_failure()
-        return float("inf") if first is None else first + FAILURE_GRACE_S
-
-    def _pump(self, timeout: float) -> None:
-        """Wait for output or an exit, whichever comes first, and handle what came."""
-        if self.output.open:
-            # capped: an exit report does not wake select (a grandchild may hold the pipe)
-            for out in self.output.read(time.monotonic() + min(timeout, 0.25)):
-                self._show(out)
-            self._drain_events(block_s=0.0)
-        else:  # every pipe is closed: only exit reports are still to come
-            self._drain_events(block_s=min(timeout, 0.25))
 
     def _show(self, out: Output) -> None:
         self.ranks[out.owner].lines.extend(out.lines)
@@ -218,18 +213,20 @@ class Session:
         except queue.Empty:
             pass
 
-    def _on_event(self, event: tuple) -> None:
-        if event[0] == "spawned":  # replies come in request order
-            next(s for s in self.ranks if s.pid is None).pid = event[1]
-        elif event[0] == "exited":
-            state = {s.pid: s for s in self.ranks}[event[1]]
-            state.exitcode, state.exit_time = event[2], time.monotonic()
-        elif event[0] == "server-died":
-            self._all_exited()
-        elif event[0] == "run-ended":
-            self.run_ended = True
-        elif event[0] == "net-ready":
-            self.net_reply = (event[1], event[2])
+    def _on_event(self, event) -> None:
+        """The one dispatch of the fork server's answers (protocol.py)."""
+        match event:
+            case Spawned(rank=rank, pid=pid):
+                self.ranks[rank].pid = pid
+            case Exited(pid=pid, exitcode=exitcode):
+                state = {s.pid: s for s in self.ranks}[pid]
+                state.exitcode, state.exit_time = exitcode, time.monotonic()
+            case ServerDied():
+                self._all_exited()
+            case RunEnded():
+                self.run_ended = True
+            case NetReady():
+                self.net_reply = event
 
     def _all_exited(self) -> None:
         for state in self.ranks:
@@ -237,7 +234,7 @@ class Session:
                 state.exit_time = time.monotonic()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
-        from ddp_lab.launch.stacks import collect_stacks
+        from ddp_lab.launch.verdict.stacks import collect_stacks
         return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files)
 
     def _abandon_server(self, when: str) -> None:
@@ -270,7 +267,6 @@ class Session:
                 self._abandon_server("during the run")
             self._settle(time.monotonic() + KILL_WAIT_S, self._unsettled)
             if self.server.alive:
-                self.run_ended = False
                 self.server.end_run(self.run_dir, self.events)
                 self._settle(time.monotonic() + END_WAIT_S,
                              lambda: not self.run_ended and self.server.alive)

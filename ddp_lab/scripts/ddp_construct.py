@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def build_and_backward() -> None:
-    """The model dies on return, before its group is destroyed (see ddp_lab.launch.teardown
+    """The model dies on return, before its group is destroyed (see ddp_lab.launch.rank.teardown
     for the deadlock a live DDP model can cause there)."""
     model = DDP(torch.nn.Linear(10, 1))
     model(torch.randn(4, 10)).sum().backward()

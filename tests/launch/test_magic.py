@@ -158,3 +158,11 @@ time.sleep(600)
     reply = client.get_shell_msg(timeout=60)["content"]
     assert reply["ename"] == "KeyboardInterrupt"
     assert wait_until_gone(pids, seconds=5) == []
+
+
+def test_magic_line_parsing():
+    from ddp_lab.launch.magic import names, parse_magic_line
+    options = parse_magic_line("-n 3 --timeout 5 --return a,b --push x --backend gloo")
+    assert (options.world_size, options.timeout, options.backend) == (3, 5.0, "gloo")
+    assert names(options.returns) == ("a", "b") and names(options.push) == ("x",)
+    assert parse_magic_line("").world_size == 2

@@ -28,7 +28,7 @@ def killed_once_under_torchrun(checkpoint: str | Path, max_restarts: int = 1,
                                timeout: float = 180.0) -> TorchrunResult:
     """``train_cnn`` under ``torchrun --max-restarts``, with rank 1 SIGKILLed once right
     after the first checkpoint (``scripts/train_cnn_killed_once.py``)."""
-    from ddp_lab.launch.environment import threads_per_rank
+    from ddp_lab.launch.config import threads_per_rank
     env = {**RESTART_ENV, "LOGLEVEL": "INFO",  # torchrun's agent then reports restarts
            # the same threads per rank as ddp_lab's reference run: bit-identical arithmetic
            "OMP_NUM_THREADS": str(threads_per_rank(2))}

@@ -20,7 +20,7 @@ from ddp_lab.course import netns
 from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, run_agents
 from ddp_lab.course.ports import free_loopback_port
 from ddp_lab.course.netns import Host
-from ddp_lab.launch.process_tree import kill_tree
+from ddp_lab.launch.forkserver.process_tree import kill_tree
 
 RDZV_PORT = 29400  # torchrun's usual rendezvous port: free in a fresh namespace
 

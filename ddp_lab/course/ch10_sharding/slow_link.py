@@ -121,7 +121,7 @@ def compare(bandwidth: str = "200mbit", config: SlowLinkConfig = SlowLinkConfig(
     """The same settings on loopback and on links of ``bandwidth``, 2 ranks:
     {"loopback": [per-rank results], bandwidth: [per-rank results]}."""
     import ddp_lab
-    from ddp_lab.launch.network import parse_bandwidth
+    from ddp_lab.launch.network.setting import parse_bandwidth
     parse_bandwidth(bandwidth)  # a bad rate fails here, not after the loopback run
     return {network or "loopback": ddp_lab.run(step_times, world_size=2, args=(config,),
                                                network=network, timeout=timeout,
@@ -132,7 +132,7 @@ def compare(bandwidth: str = "200mbit", config: SlowLinkConfig = SlowLinkConfig(
 def wire_ms(result: dict, bandwidth: str) -> float:
     """Milliseconds the all-gathers of the "blocking" setting need on links of
     ``bandwidth``: each rank receives (n-1)/n of every full tensor."""
-    from ddp_lab.launch.network import parse_bandwidth
+    from ddp_lab.launch.network.setting import parse_bandwidth
     n = result["world_size"]
     received = result["all_gathered"]["blocking"] * (n - 1) / n
     return received * 8 / parse_bandwidth(bandwidth) * 1e3

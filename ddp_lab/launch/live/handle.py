@@ -21,10 +21,10 @@ import weakref
 from ddp_lab.launch import checks
 from ddp_lab.launch.api import interactive_sources, pickle_payload, prepare, with_network
 from ddp_lab.launch.config import LaunchConfig
+from ddp_lab.launch.live.outcome import verdict
 from ddp_lab.launch.live.session import LiveSession
-from ddp_lab.launch.live.verdict import verdict
-from ddp_lab.launch.outcome import RunResult
 from ddp_lab.launch.payload import remember_source
+from ddp_lab.launch.verdict.outcome import RunResult
 
 _cell_numbers = itertools.count(1)  # names each source uniquely in linecache
 

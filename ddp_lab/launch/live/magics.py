@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from ddp_lab.launch.heartbeat import describe_ranks
+from ddp_lab.launch.errors import describe_ranks
 from ddp_lab.launch.live.handle import Ranks
 from ddp_lab.launch.magic import add_rank_options
 

@@ -1,10 +1,11 @@
 """What a live rank does: wait for a call, run it in the rank's namespace, reply, again,
 until its call pipe closes (the session closed, or the kernel died).
 
-It runs inside a rank forked by the fork server, after the one-shot worker's set-up (output,
-lifeline, stack dump, process group: worker.py). The stop button reaches it as SIGINT: a
-``KeyboardInterrupt`` in the call's Python code, and an ``interrupted`` reply; between calls
-SIGINT is ignored, so a late one never kills an idle rank.
+It runs inside a rank forked by the fork server, after the one-shot rank's set-up (output,
+lifeline, stack dump: rank/main.py), as that rank's body; it stays here, with the rest of
+live/, rather than in rank/. The stop button reaches it as SIGINT: a ``KeyboardInterrupt``
+in the call's Python code, and an ``interrupted`` reply; between calls SIGINT is ignored,
+so a late one never kills an idle rank.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import signal
 
 import cloudpickle
 
+from ddp_lab.launch.config import RunFiles
 from ddp_lab.launch.live.frames import Call, Reply, receive, send
 from ddp_lab.launch.payload import remember_source
+from ddp_lab.launch.rank.main import (destroy_group, error_record, flush_streams, init_group,
+                                      to_cpu, write_error)
 
 NEVER = float("inf")
 
@@ -35,10 +39,23 @@ class _CallGuard:
             raise KeyboardInterrupt
 
 
-def serve(spec, calls_fd: int, replies_fd: int, record_error, to_cpu, flush_streams) -> int:
-    """Answer calls until the pipe closes; the exit code of the rank. ``record_error``,
-    ``to_cpu`` and ``flush_streams`` are the one-shot worker's (one home for each);
-    the first reply says the group is ready."""
+def serve_calls(spec, calls_fd: int, replies_fd: int) -> int:
+    """A live rank's body (``rank_main``'s ``body``): the group once, then every call the
+    kernel sends until it closes the call pipe."""
+    try:
+        init_group(spec)
+        code = serve(spec, calls_fd, replies_fd)
+        destroy_group()
+        return code
+    except BaseException as exc:  # noqa: BLE001 - e.g. the group's set-up failed
+        write_error(RunFiles(spec.run_dir).error(spec.rank), exc)
+        return 1
+
+
+def serve(spec, calls_fd: int, replies_fd: int) -> int:
+    """Answer calls until the pipe closes; the exit code of the rank. Errors, values and
+    streams are handled as the one-shot rank's (rank/main.py: one home for each); the
+    first reply says the group is ready."""
     namespace = fresh_namespace(spec.rank, spec.world_size)
     guard = _CallGuard()
     send(replies_fd, Reply(0, spec.rank, "ok", cloudpickle.dumps(None)), NEVER)
@@ -47,7 +64,7 @@ def serve(spec, calls_fd: int, replies_fd: int, record_error, to_cpu, flush_stre
             call = receive(calls_fd)
             if call is None:
                 return 0
-            reply = _answer(call, spec.rank, namespace, guard, record_error, to_cpu)
+            reply = _answer(call, spec.rank, namespace, guard)
         except KeyboardInterrupt:  # between the call's end and the reply: it is done
             continue
         # all the call printed is in the output pipe before the reply: the kernel reads
@@ -64,8 +81,7 @@ def fresh_namespace(rank: int, world_size: int) -> dict:
             "world_size": world_size}
 
 
-def _answer(call: Call, rank: int, namespace: dict, guard: _CallGuard, record_error,
-            to_cpu) -> Reply:
+def _answer(call: Call, rank: int, namespace: dict, guard: _CallGuard) -> Reply:
     try:
         guard.busy = True
         value = HANDLERS[call.kind](call.body, namespace, rank)
@@ -73,10 +89,10 @@ def _answer(call: Call, rank: int, namespace: dict, guard: _CallGuard, record_er
         return Reply(call.seq, rank, "ok", _dumps_value(to_cpu(value)))
     except KeyboardInterrupt as exc:
         guard.busy = False
-        return Reply(call.seq, rank, "interrupted", record_error(exc))
+        return Reply(call.seq, rank, "interrupted", error_record(exc))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back as a reply
         guard.busy = False
-        return Reply(call.seq, rank, "error", record_error(exc))
+        return Reply(call.seq, rank, "error", error_record(exc))
 
 
 def _run(body: bytes, namespace: dict, rank: int):

@@ -2,29 +2,30 @@
 made to them.
 
 The processes, the run folder, the rendezvous, the output and the cleanup are a one-shot
-run's (session.py): a live session only adds two pipes per rank (calls down, replies up)
+run's (launch/session.py): a live session only adds two pipes per rank (calls down, replies up)
 and replaces "wait until every rank exited" by "wait until every rank replied". What
 happens to the ranks after a failure is decided here and said on the exception
 (``err.session``): ``"kept"`` (every rank answered: namespaces intact), ``"restart"`` (some
-rank cannot answer: ranks.py starts new ones) or ``"stopped"`` (a rank died).
+rank cannot answer: handle.py starts new ones) or ``"stopped"`` (a rank died).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 
-from ddp_lab.launch.bound import FAILURE_GRACE_S, INTERRUPT_WAIT_S, KILL_WAIT_S
-from ddp_lab.launch.echo import make_echo
-from ddp_lab.launch.heartbeat import describe_ranks
+from ddp_lab.launch.deadlines import CALL_SEND_WAIT_S, INTERRUPT_WAIT_S, KILL_WAIT_S, Deadline
+from ddp_lab.launch.errors import describe_ranks
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.live.frames import Call, FrameReader, RankGone, Reply, send
-from ddp_lab.launch.ranks import RankState
+from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.session import Session
+from ddp_lab.launch.verdict.rank_state import RankState
 
-SEND_WAIT_S = 2.0  # an idle rank reads its call at once; a full pipe for this long: gone
 
 
 @dataclass
@@ -41,15 +42,15 @@ class CallState:
     stuck: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
     died: list[int] = field(default_factory=list)
+    over: bool = False  # every target replied, a rank died, or the deadline says stop
 
     @property
     def pending(self) -> list[int]:
         return [r for r in self.targets if r not in self.replies]
 
-    def end_by(self) -> float:
-        """Now-or-later: the deadline, or the grace after the first failure."""
-        end = self.started + self.timeout
-        return end if self.first_failure is None else min(end, self.first_failure + FAILURE_GRACE_S)
+    def ends_at(self) -> float:
+        """The deadline, or the grace after the first failure (deadlines.Deadline)."""
+        return Deadline(self.started, self.timeout).ends_at(self.first_failure)
 
 
 class LiveSession(Session):
@@ -67,7 +68,8 @@ class LiveSession(Session):
         super()._start_clock()
 
     def _spawn(self, state: RankState) -> None:
-        """A one-shot rank's spawn plus the call and reply pipes (zygote passes them on)."""
+        """A one-shot rank's spawn plus the call and reply pipes (the fork server passes them
+        on)."""
         spec = self._spec(state.rank)
         with deferred():
             ends = [*os.pipe(), *os.pipe(), *os.pipe()]  # output, calls, replies: (r, w) each
@@ -121,7 +123,7 @@ class LiveSession(Session):
 
     def _send(self, call: CallState, rank: int, message: Call) -> None:
         try:
-            send(self.fds[f"calls{rank}"], message, time.monotonic() + SEND_WAIT_S)
+            send(self.fds[f"calls{rank}"], message, time.monotonic() + CALL_SEND_WAIT_S)
         except RankGone:
             call.replies.pop(rank, None)  # it will be found dead or stuck
 
@@ -137,21 +139,19 @@ class LiveSession(Session):
         return call
 
     def _await_replies(self, call: CallState) -> None:
-        from ddp_lab.launch.heartbeat import Heartbeat
-        heartbeat = Heartbeat(call.timeout, enabled=self.config.echo and call.seq > 0)
-        while True:
-            self._take_replies(call)
-            call.died = [s.rank for s in self.ranks if s.exit_time is not None]
-            if call.died or not call.pending:
-                return
-            now = time.monotonic()
-            if now >= call.end_by():
-                call.stuck = call.pending
-                return
-            self._pump(min(call.end_by(), self.echo.wake_at(),
-                           heartbeat.next_at(call.started)) - now)
-            self.echo.tick()
-            heartbeat.maybe_beat(call.started, call.pending)
+        heartbeat = Heartbeat(self.echo, call.timeout, call.started, lambda: call.pending,
+                              enabled=self.config.echo and call.seq > 0)
+        self.loop(heartbeat).run(lambda: not call.over, functools.partial(self._check, call))
+
+    def _check(self, call: CallState, now: float) -> float:
+        """The run loop's step for a call: replies taken, deaths and the deadline noted."""
+        self._take_replies(call)
+        call.died = [s.rank for s in self.ranks if s.exit_time is not None]
+        if call.died or not call.pending:
+            call.over = True
+        elif now >= call.ends_at():
+            call.stuck, call.over = call.pending, True
+        return call.ends_at()
 
     def _take_replies(self, call: CallState) -> None:
         for rank, reader in enumerate(self.frames):
@@ -185,7 +185,7 @@ class LiveSession(Session):
             self.server.signal(self.ranks[rank].pid, signal.SIGINT)
         until = time.monotonic() + INTERRUPT_WAIT_S
         while call.pending and time.monotonic() < until and not call.died:
-            self._pump(min(0.05, until - time.monotonic()))
+            self.loop().turn(min(time.monotonic() + 0.05, until))
             self._take_replies(call)
             call.died = [s.rank for s in self.ranks if s.exit_time is not None]
 
@@ -202,7 +202,7 @@ class LiveSession(Session):
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
         """As a one-shot run's, except that a live rank's file keeps its earlier dumps."""
-        from ddp_lab.launch.stacks import collect_stacks
+        from ddp_lab.launch.verdict.stacks import collect_stacks
         offsets = {r: _size(self.files.stack(r)) for r in ranks}
         return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files,
                               offsets)
@@ -221,7 +221,7 @@ def _size(path) -> int:
 
 def stuck_report(ranks: list[int], stacks: dict[int, str]) -> str:
     """Ranks that SIGINT could not stop, and where each waits (a collective, usually)."""
-    from ddp_lab.launch.stacks import waiting_in
+    from ddp_lab.launch.verdict.stacks import waiting_in
     lines = [f"{describe_ranks(ranks)} did not stop at the interrupt:"]
     for rank in ranks:
         where = waiting_in(stacks[rank])

@@ -12,8 +12,8 @@ agent, same rendezvous, same worker environment), and
    the run folder too, which its launcher no longer can);
 3. is a child subreaper (Linux): a worker's helper that moved to a session of its own and
    lost its parent becomes the agent's child instead of init's, and once torchrun is done
-   every such leftover is put down (SIGTERM, a grace, SIGKILL: reaper.put_down), so none
-   outlives the run.
+   every such leftover is put down (SIGTERM, a grace, SIGKILL: process_tree.put_down), so
+   none outlives the run.
 
 Both only when ddp_lab started it (``DDP_LAB_RUN_DIR`` is set); by hand it behaves like
 torchrun.
@@ -29,9 +29,9 @@ import sys
 import threading
 from pathlib import Path
 
-from ddp_lab.launch import process_tree
 from ddp_lab.launch.config import RUN_DIR_VAR
-from ddp_lab.launch.reaper import put_down
+from ddp_lab.launch.deadlines import LEFTOVER_GRACE_S
+from ddp_lab.launch.forkserver import process_tree
 
 FAILURES_FILE = "torchrun_failures.json"
 
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         if run_dir:  # torchrun stopped its workers; what is left is their leftovers
-            put_down(process_tree.children(os.getpid()))
+            process_tree.put_down(process_tree.children(os.getpid()), LEFTOVER_GRACE_S)
         if orphaned.is_set():  # nobody else will remove the run folder now
             shutil.rmtree(run_dir, ignore_errors=True)
     return 0

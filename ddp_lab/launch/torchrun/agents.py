@@ -23,19 +23,18 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles
-from ddp_lab.launch.echo import make_echo
-from ddp_lab.launch.environment import package_pythonpath
-from ddp_lab.launch.output import Output, OutputReader
-from ddp_lab.launch.process_tree import kill_tree
+from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles, new_run_dir, package_pythonpath
+from ddp_lab.launch.deadlines import AGENTS_DRAIN_S, Deadline
+from ddp_lab.launch.forkserver.process_tree import kill_tree
+from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.reader import Output, OutputReader
+from ddp_lab.launch.output.run_loop import RunLoop
 
-DRAIN_S = 1.0  # after a stop, how long to collect what the killed agents had printed
 # Not echoed (kept in the outputs): C++ stack frames under a torch warning, and a warning
 # gVisor-style sandboxes trigger on every store connection (they report socket addresses
 # no resolver knows); neither helps a reader of the notebook.
@@ -128,7 +127,7 @@ def run_agents(agents: list[Agent], timeout: float = 60.0, echo: bool = True,
     """Run the agents to the end (or ``timeout`` seconds), streaming their output. With
     ``grace``, stop the others that many seconds after one agent failed: torchrun does
     not tell the other nodes, whose workers may wait for the dead ones for a long time."""
-    run_dir = tempfile.mkdtemp(prefix=f"ddp_lab-{os.getpid()}-")
+    run_dir = new_run_dir()
     labels = [f"node{i}" for i in range(len(agents))] if len(agents) > 1 else \
         [agents[0].module.rsplit(".", 1)[-1].replace("run", "torchrun")]
     runner = _Runner(agents, labels, run_dir, echo)
@@ -152,21 +151,24 @@ class _Runner:
         self.output = OutputReader()
         self.seconds = 0.0
         self.first_failure: float | None = None
+        self.deadline: Deadline | None = None
+        self.over = False
 
     def run(self, timeout: float, grace: float | None) -> None:
-        started = time.monotonic()
-        deadline = started + timeout
+        self.deadline = Deadline(time.monotonic(), timeout, grace=grace)
         self._start_due(())
-        while self.output.open and time.monotonic() < deadline:
-            # capped: an agent's exit does not close the pipe its workers still hold
-            for out in self.output.read(min(deadline, time.monotonic() + 0.25,
-                                            self.echo.wake_at())):
-                self._take(out)
-                self._start_due(out.lines)
-            self.echo.tick()
-            if grace is not None and self._note_failure() is not None:
-                deadline = min(deadline, self.first_failure + grace)
-        self.seconds = time.monotonic() - started
+        loop = RunLoop(self.output, self.echo, self._take_and_start)
+        loop.run(lambda: self.output.open and not self.over, self._step)
+        self.seconds = time.monotonic() - self.deadline.started
+
+    def _step(self, now: float) -> float:
+        end = self.deadline.ends_at(self._note_failure())
+        self.over = now >= end
+        return end
+
+    def _take_and_start(self, out: Output) -> None:
+        self._take(out)
+        self._start_due(out.lines)
 
     def _note_failure(self) -> float | None:
         """When an agent was first seen to have failed (exited with a code other than 0)."""
@@ -217,7 +219,7 @@ class _Runner:
             if process.poll() is None:
                 stopped += kill_tree(process.pid)
             process.wait()
-        until = time.monotonic() + DRAIN_S
+        until = time.monotonic() + AGENTS_DRAIN_S
         while self.output.open and time.monotonic() < until:
             for out in self.output.read(until):
                 self._take(out)

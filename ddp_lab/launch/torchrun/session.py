@@ -21,30 +21,31 @@ promises:
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from ddp_lab.launch.bound import DRAIN_QUIET_S
-from ddp_lab.launch.config import RUN_DIR_VAR, LaunchConfig, RunFiles, write_pickle
-from ddp_lab.launch.echo import make_echo
-from ddp_lab.launch.environment import loopback_env, package_pythonpath, threads_per_rank
+from ddp_lab.launch.config import (RUN_DIR_VAR, LaunchConfig, RunFiles, loopback_env, new_run_dir,
+                                   package_pythonpath, threads_per_rank, write_pickle)
+from ddp_lab.launch.deadlines import DRAIN_QUIET_S, TORCHRUN_STACK_WAIT_S, Deadline
 from ddp_lab.launch.errors import DistributedRunError
-from ddp_lab.launch.outcome import RunResult, conclude
-from ddp_lab.launch.output import Output, OutputReader
-from ddp_lab.launch.process_tree import kill_tree, send, wait_gone
-from ddp_lab.launch.ranks import RankState
-from ddp_lab.launch.record import RunRecord
+from ddp_lab.launch.forkserver.process_tree import kill_tree, send, wait_gone
+from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.heartbeat import Heartbeat
+from ddp_lab.launch.output.reader import Output, OutputReader
+from ddp_lab.launch.output.run_loop import RunLoop
 from ddp_lab.launch.torchrun.agent import FAILURES_FILE
 from ddp_lab.launch.torchrun.tee import PREFIX_TEMPLATE, TeeDemux, error_record
+from ddp_lab.launch.verdict.outcome import RunResult, conclude
+from ddp_lab.launch.verdict.rank_state import RankState
+from ddp_lab.launch.verdict.record import RunRecord
 
-STACK_WAIT_S = 3.0  # how long stuck workers get to print their stacks after SIGABRT
 STOPPED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL)  # how torchrun stops a worker's peers
 
 
@@ -88,9 +89,13 @@ class TorchrunSession:
         self.stacks: dict[int, str] = {}
         self.seconds = 0.0
         self.agent: subprocess.Popen | None = None
+        self.run_dir = self.files = self.log_dir = None  # set by __enter__
+        self.started: float | None = None  # set by start
+        self.ends_at = math.inf  # the deadline, then the end of reading what the killed printed
+        self.drained = False
 
     def __enter__(self) -> "TorchrunSession":
-        self.run_dir = tempfile.mkdtemp(prefix=f"ddp_lab-{os.getpid()}-")
+        self.run_dir = new_run_dir()
         self.files = RunFiles(self.run_dir)
         self.log_dir = os.path.join(self.run_dir, "torchrun")
         return self
@@ -108,30 +113,34 @@ class TorchrunSession:
 
     # -- the run ------------------------------------------------------------------------
     def wait(self) -> None:
-        from ddp_lab.launch.heartbeat import Heartbeat
-        heartbeat = Heartbeat(self.config.timeout, enabled=self.config.echo)
-        deadline = self.started + self.config.timeout
-        while self.output.open:
-            if time.monotonic() >= deadline:
-                if self.timed_out:
-                    break
-                self._time_out()
-                deadline = time.monotonic() + DRAIN_QUIET_S  # what the killed ones printed
-                continue
-            for out in self.output.read(min(deadline, heartbeat.next_at(self.started),
-                                            self.echo.wake_at())):
-                self._take(out)
-            self.echo.tick()
-            heartbeat.maybe_beat(self.started, list(range(self.config.world_size)))
+        # torchrun stops a failed rank's peers itself: no grace of ours
+        self.ends_at = Deadline(self.started, self.config.timeout, grace=None).ends_at()
+        heartbeat = Heartbeat(self.echo, self.config.timeout, self.started,
+                              lambda: list(range(self.config.world_size)),
+                              enabled=self.config.echo)
+        loop = RunLoop(self.output, self.echo, self._take, heartbeat=heartbeat)
+        loop.run(lambda: self.output.open and not self.drained, self._step)
         for out in self.output.flush():  # last lines without their newline
             self._take(out)
         try:
-            self.agent.wait(timeout=max(1.0, deadline - time.monotonic()))
+            self.agent.wait(timeout=max(1.0, self.ends_at - time.monotonic()))
         except subprocess.TimeoutExpired:  # its output closed, yet it does not exit
             self._time_out()
             self.agent.wait()
         self.seconds = time.monotonic() - self.started
         self._settle()
+
+    def _step(self, now: float) -> float:
+        """At the deadline: stacks, then stop the agent; then read what the killed ones
+        printed for DRAIN_QUIET_S more, and stop reading."""
+        if now < self.ends_at:
+            return self.ends_at
+        if self.timed_out:
+            self.drained = True
+            return now
+        self._time_out()
+        self.ends_at = time.monotonic() + DRAIN_QUIET_S
+        return self.ends_at
 
     def _take(self, out: Output) -> None:
         if out.owner is None:
@@ -149,14 +158,14 @@ class TorchrunSession:
         workers = _workers_by_rank(self.agent.pid)
         for pid in workers.values():
             send(pid, signal.SIGABRT)
-        wait_gone(list(workers.values()), STACK_WAIT_S)
+        wait_gone(list(workers.values()), TORCHRUN_STACK_WAIT_S)
         self.stacks = {rank: self._stack_of(rank) for rank in sorted(workers)} or {
             rank: "(torchrun had not started the workers yet)"
             for rank in range(self.config.world_size)}
         kill_tree(self.agent.pid)
 
     def _stack_of(self, rank: int) -> str:
-        from ddp_lab.launch.stacks import format_dump
+        from ddp_lab.launch.verdict.stacks import format_dump
         # torchrun's log folders are named by local rank, which is the rank on one node
         logs = sorted(Path(self.log_dir).glob(f"*/attempt_*/{rank}/stderr.log"),
                       key=lambda p: p.stat().st_mtime)

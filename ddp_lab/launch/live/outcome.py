@@ -1,0 +1,111 @@
+"""What a live call amounts to: the values of the ranks it went to, or the error a one-shot
+run would raise for the same failure, with what became of the ranks said on it.
+
+A failed call is written as a one-shot run's record (a folder per call with each rank's
+result or error record) and judged by ``outcome.conclude``: one home for root causes,
+knock-on failures and hang reports.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ddp_lab.launch.config import RunFiles, read_pickle, write_pickle
+from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, describe_exit,
+                                   describe_ranks, safe_message)
+from ddp_lab.launch.verdict.outcome import RunResult, conclude
+from ddp_lab.launch.verdict.record import RankRecord, RunRecord
+
+KILLED = -9  # what a rank that could not be interrupted will have been: killed
+
+
+def verdict(session, call) -> RunResult:
+    """The call's RunResult (values and logs of the ranks it went to, in that order), or
+    raise its error with ``err.session`` set to "kept", "restart" or "stopped"."""
+    __tracebackhide__ = True
+    logs = session.logs(call)
+    seconds = time.monotonic() - call.started
+    if call.died or call.stuck or any(r.status != "ok" for r in call.replies.values()):
+        raise _failure(session, call, logs, seconds)
+    values = _values(call, [logs[r] for r in call.targets])
+    return RunResult(values, [logs[r] for r in call.targets], seconds, session.config.backend)
+
+
+def _values(call, logs: list[str]) -> list:
+    values, reasons = [], {}
+    for rank in call.targets:
+        try:
+            values.append(pickle.loads(call.replies[rank].body))
+        except Exception as exc:  # noqa: BLE001 - unpickling runs arbitrary code
+            values.append(None)
+            reasons[rank] = f"{type(exc).__name__}: {safe_message(exc)}"
+    if reasons:
+        raise UnreadableResult(reasons, values, logs)
+    return values
+
+
+def _failure(session, call, logs: list[str], seconds: float) -> DistributedRunError:
+    files = RunFiles(Path(session.run_dir, f"call{call.seq}"))
+    files.dir.mkdir()
+    ranks = tuple(_rank_record(session, call, state, files, logs[state.rank])
+                  for state in session.ranks)
+    raised = any(reply.status == "error" for reply in call.replies.values())
+    timed_out = bool(call.stuck) and not raised and not call.died
+    record = RunRecord(replace(session.config, timeout=call.timeout), ranks, files, seconds,
+                       timed_out, dict(call.stacks))
+    try:
+        conclude(record)
+    except DistributedRunError as exc:
+        return _with_session_state(exc, call)
+    return DistributedRunError("the call failed, but no rank says why")  # never reached
+
+
+def _rank_record(session, call, state, files: RunFiles, log: str) -> RankRecord:
+    rank, reply = state.rank, call.replies.get(state.rank)
+    if rank in call.died or state.exitcode is not None:
+        earlier = read_pickle(session.files.error(rank))  # e.g. its group's set-up failed
+        if earlier:
+            write_pickle(files.error(rank), earlier)
+        return RankRecord(rank, state.exitcode, state.exit_time, state.stopped_by_launcher, log)
+    if reply is None and rank in call.targets:  # stuck, not interruptible: to be killed
+        return RankRecord(rank, KILLED, time.monotonic(), True, log)
+    if reply is None or reply.status == "ok":
+        write_pickle(files.result(rank), None)
+        return RankRecord(rank, 0, time.monotonic(), False, log)
+    write_pickle(files.error(rank), reply.body)
+    interrupted = reply.status == "interrupted"  # by the launcher, after a peer's failure
+    return RankRecord(rank, 1, reply.body["time"], interrupted, log)
+
+
+def _with_session_state(exc: DistributedRunError, call) -> DistributedRunError:
+    exc.session, note = session_state(call)
+    message = str(exc)
+    reply = call.replies.get(getattr(exc, "rank", None))
+    if reply is not None and reply.status == "error":  # it raised; its process lives on
+        message = message.replace(f"failed ({describe_exit(1)})", "raised an exception", 1)
+    exc.args = (f"{message}\n\n{note}",)
+    return exc
+
+
+def session_state(call) -> tuple[str, str]:
+    """What became of the live ranks, and the sentence that says so."""
+    if call.died:
+        return "stopped", (f"The live ranks are stopped: {describe_ranks(call.died)} died, "
+                           "which breaks the process group of all. ranks.restart() starts "
+                           "new ones.")
+    if call.pending:
+        return "restart", (f"{_were(call.pending, 'could')} not be interrupted (waiting inside a "
+                           "collective): the ranks were restarted with a new process group "
+                           "and empty namespaces.")
+    if call.stuck:
+        return "kept", (f"{_were(call.stuck)} interrupted where they waited; every rank is "
+                        "idle again and keeps its namespace.")
+    return "kept", "Every rank answered: the ranks keep their namespaces."
+
+
+def _were(ranks: list[int], verb: str = "") -> str:
+    """'Rank 1 was' / 'Ranks 0-2 were' (or 'Rank 1 could' with a verb of its own)."""
+    return f"{describe_ranks(ranks).capitalize()} {verb or ('was' if len(ranks) == 1 else 'were')}"
