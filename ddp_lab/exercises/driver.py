@@ -7,11 +7,13 @@ and report, so a failure can be replayed; inputs come from ``torch.Generator`` s
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import torch
 
 from ddp_lab.exercises.builtins_off import BuiltinSwitchedOff
+from ddp_lab.exercises.bytes_sent import naming_mismatches
 from ddp_lab.exercises.registry import ExerciseFailed
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -90,6 +92,51 @@ def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = 
         raise _explained(failure, err, where, explain) from None
     except ddp_lab.WorkerError as err:
         raise _explained(_failure(err, where, hang_hint), err, where, explain) from None
+
+
+def each_world(trial, args, judge=None, seed: int = 0, *, sizes=WORLD_SIZES, place=None,
+               judge_world=None, journaled: bool = False, hang_hint: str = "", explain=None,
+               timeout: float = HANG_S) -> dict[int, list]:
+    """The checker loop, written once: ``trial`` on each world size in ``sizes``, every
+    rank's value judged, the first problem raised as ExerciseFailed naming the trial.
+
+    ``args``: the trial's arguments, a tuple or ``args(n)`` for world size n. ``place(n)``
+    names the trial in messages (default ``where(n, seed)``). ``judge_world(values, n)``
+    sees every rank's value at once, ``judge(value, rank, n)`` one rank's; each returns None
+    or the problem in words, raised as "<place>: <problem>" ("<place>, rank r: <problem>");
+    a problem that starts with a comma, a colon or a space goes on the place's sentence.
+    With ``journaled`` each world runs in :func:`naming_mismatches` (its journal folder is
+    the trial's last argument, and ``explain(err, n, journal)`` may read it). Returns the
+    values by world size, for a checker that reports from them.
+    """
+    seen = {}
+    for n in sizes:
+        at = place(n) if place else where(n, seed)
+        with (naming_mismatches() if journaled else contextlib.nullcontext()) as journal:
+            trial_args = tuple(args(n) if callable(args) else args)
+            if journaled:
+                trial_args += (journal,)
+            said = (lambda err, n=n, journal=journal: explain(err, n, journal)) if explain \
+                else None
+            values = run_ranks(trial, n, trial_args, where=at, hang_hint=hang_hint,
+                               timeout=timeout, explain=said)
+            _judged(values, n, at, judge, judge_world)
+        seen[n] = values
+    return seen
+
+
+def _judged(values: list, n: int, at: str, judge, judge_world) -> None:
+    problem = judge_world(values, n) if judge_world else None
+    if problem:
+        raise ExerciseFailed(_placed(at, problem))
+    for rank, value in enumerate(values if judge else ()):
+        problem = judge(value, rank, n)
+        if problem:
+            raise ExerciseFailed(_placed(f"{at}, rank {rank}", problem))
+
+
+def _placed(at: str, problem: str) -> str:
+    return f"{at}{problem}" if problem[:1] in (",", ":", " ") else f"{at}: {problem}"
 
 
 def _explained(failure: Exception, err, where: str, explain) -> Exception:

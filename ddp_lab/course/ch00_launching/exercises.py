@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, number_problem, run_ranks
-from ddp_lab.exercises.driver import where as on
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
+from ddp_lab.exercises.registry import Exercise
 
 # float32 keeps 24 bits of mantissa: a value rounded through it is off by at most 2**-24 of
 # itself (6e-8); a wrong answer (another rank's value, a sum, a mean) is off by far more.
@@ -37,16 +36,18 @@ def _trial(fn, seed: int) -> tuple:
 
 def check_max_over_ranks(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        where = on(n, seed)
-        values = run_ranks(_trial, n, (fn, seed), where=where)
-        inputs = [v for v, _ in values]
-        for rank, (_, got) in enumerate(values):
-            problem = number_problem(got, max(inputs), "the largest value", rel=FLOAT32_REL)
-            if problem:
-                raise ExerciseFailed(f"{where}: the ranks held {inputs}; rank {rank}: "
-                                     f"{problem}.{_diagnosis(got, inputs, rank)}")
+    each_world(_trial, (fn, seed), seed=seed, judge_world=_largest_problem)
     return f"every rank returned the largest value on 1-4 ranks (seed {seed})"
+
+
+def _largest_problem(values: list, n: int) -> str | None:
+    inputs = [v for v, _ in values]
+    for rank, (_, got) in enumerate(values):
+        problem = number_problem(got, max(inputs), "the largest value", rel=FLOAT32_REL)
+        if problem:
+            return (f"the ranks held {inputs}; rank {rank}: {problem}."
+                    f"{_diagnosis(got, inputs, rank)}")
+    return None
 
 
 def _diagnosis(got, inputs: list, rank: int) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -81,8 +81,8 @@ def check_weights_agree(fn) -> str:
         how = DIFFERENCES[order[(n - 2) % len(DIFFERENCES)]]
         odd_rank = int(torch.randint(0, n, (1,), generator=generator(seed, n)))
         for odd in [None] + ([odd_rank] if n > 1 else []):
-            where = on(n, seed)
-            _judge(run_ranks(_trial, n, (fn, seed, odd, how), where=where), odd, where)
+            each_world(_trial, (fn, seed, odd, how), seed=seed, sizes=(n,),
+                       judge_world=lambda results, n: _judge(results, odd, on(n, seed)))
     return (f"the same verdict on every rank, on 1-4 ranks, with one rank a float32 step "
             f"off (in a frozen and in a trainable layer) or two weights swapped (seed {seed})")
 

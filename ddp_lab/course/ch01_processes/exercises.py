@@ -25,9 +25,8 @@ from torch.distributed import PrefixStore, distributed_c10d
 
 from ddp_lab.course.ch01_processes.processes import StampedStdout
 from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
-from ddp_lab.exercises.driver import where as on
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed
+from ddp_lab.exercises.registry import Exercise
 
 # How soon after the awaited event a rank must go on: a wakeup takes milliseconds, and a
 # machine with ten times more processes than cores still makes it in well under this.
@@ -91,16 +90,21 @@ def _barrier_trial(barrier, seed: int, rounds: list) -> list:
 def check_store_barrier(fn, rounds: int = 2) -> str:
     seed = new_seed()
     plan = lateness_plan(seed, [(n, r) for n in WORLD_SIZES if n > 1 for r in range(rounds)])
-    for n in WORLD_SIZES:
-        late = [(_pick(seed, n, r), plan.get((n, r), 0.0)) for r in range(rounds)]
-        seen = run_ranks(_barrier_trial, n, (fn, seed, late), where=on(n, seed),
-                         hang_hint="A rank waited for a key nobody set: does the last rank "
-                         "to arrive set the key the others wait for, and does each barrier "
-                         "use keys of its own (name)?")
-        for r, (late_rank, lateness) in enumerate(late):
+    late = {n: [(_pick(seed, n, r), plan.get((n, r), 0.0)) for r in range(rounds)]
+            for n in WORLD_SIZES}
+
+    def judge_world(seen: list, n: int) -> str | None:
+        for r, (late_rank, lateness) in enumerate(late[n]):
             problem = _barrier_problem([log[r] for log in seen], late_rank, lateness, r)
             if problem:
-                raise ExerciseFailed(f"{on(n, seed)}, barrier {r}: {problem}")
+                return f", barrier {r}: {problem}"
+        return None
+
+    each_world(_barrier_trial, lambda n: (fn, seed, late[n]), seed=seed,
+               judge_world=judge_world,
+               hang_hint="A rank waited for a key nobody set: does the last rank to arrive "
+                         "set the key the others wait for, and does each barrier use keys of "
+                         "its own (name)?")
     return (f"every rank left after the last arrival, and within {SOON_S} s of it, {rounds} "
             f"barriers in a row with a random rank late by a random time, on 1-4 ranks "
             f"(seed {seed})")
@@ -174,15 +178,13 @@ def _print_trial(fn, seed: int, slow_rank: int, lateness: float):
 def check_rank_ordered_print(fn) -> str:
     seed = new_seed()
     plan = lateness_plan(seed, [(n,) for n in WORLD_SIZES if n > 1])
-    for n in WORLD_SIZES:
-        slow = (_pick(seed, n - 1, 9), plan[(n,)]) if n > 1 else (-1, 0.0)
-        results = run_ranks(_print_trial, n, (fn, seed, *slow), where=on(n, seed),
-                            hang_hint="Does every rank make the same collective calls, "
-                            "the same number of times?")
-        expected = [f"rank {r} says {seed % 1000 + r}" for r in range(n)]
-        problem = _print_problem(results, expected, *slow)
-        if problem:
-            raise ExerciseFailed(f"{on(n, seed)}: {problem}")
+    slow = {n: (_pick(seed, n - 1, 9), plan[(n,)]) if n > 1 else (-1, 0.0)
+            for n in WORLD_SIZES}
+    each_world(_print_trial, lambda n: (fn, seed, *slow[n]), seed=seed,
+               judge_world=lambda results, n: _print_problem(
+                   results, [f"rank {r} says {seed % 1000 + r}" for r in range(n)], *slow[n]),
+               hang_hint="Does every rank make the same collective calls, the same number of "
+                         "times?")
     return (f"the lines came out in rank order, each soon after the one before, with a random "
             f"rank's print slow by a random time, on 1-4 ranks (seed {seed})")
 

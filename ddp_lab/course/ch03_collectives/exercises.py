@@ -16,10 +16,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import FAMILIES, CollectiveTrace
-from ddp_lab.exercises.driver import (WORLD_SIZES, full_bits_tensor, new_seed, run_ranks,
-                                     tensor_problem)
-from ddp_lab.exercises.driver import where as on
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import each_world, full_bits_tensor, new_seed, tensor_problem
+from ddp_lab.exercises.registry import Exercise
 
 ONLY_SCATTER = "build all_to_all from dist.scatter"
 
@@ -49,15 +47,14 @@ def _trial(fn, seed: int):
 
 def check_all_to_all(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        values = run_ranks(_trial, n, (fn, seed), where=on(n, seed),
-                           hang_hint="Every rank must call scatter the same number of "
-                           "times, with the same src in the same order.")
-        for rank, (got, expected, scatters) in enumerate(values):
-            problem = _result_problem(got, expected, rank, n) or \
-                _cost_problem(scatters, expected[0], n)
-            if problem:
-                raise ExerciseFailed(f"{on(n, seed)}, rank {rank}{problem}")
+
+    def judge(value: tuple, rank: int, n: int) -> str | None:
+        got, expected, scatters = value
+        return _result_problem(got, expected, rank, n) or _cost_problem(scatters, expected[0], n)
+
+    each_world(_trial, (fn, seed), judge, seed,
+               hang_hint="Every rank must call scatter the same number of times, with the "
+                         "same src in the same order.",)
     return (f"the same as torch's all_to_all, with one scatter per source rank, on 1-4 ranks, "
             f"int64 and float32 (seed {seed})")
 

@@ -17,8 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import FAMILIES, CollectiveTrace
-from ddp_lab.exercises.driver import (WORLD_SIZES, generator, new_seed, run_ranks,
-                                     tensor_problem)
+from ddp_lab.exercises.driver import each_world, generator, new_seed, tensor_problem
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -58,11 +57,9 @@ def _trial(fn, seed: int):
 
 def check_all_reduce_list(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        values = run_ranks(_trial, n, (fn, seed), where=on(n, seed),
-                           hang_hint="Every rank must make the same all_reduce calls.")
-        for rank, (got, expected, calls) in enumerate(values):
-            _judge(got, expected, calls, f"{on(n, seed)}, rank {rank}")
+    each_world(_trial, (fn, seed), lambda value, rank, n: _judge(*value, f"{on(n, seed)}, "
+                                                                 f"rank {rank}"), seed,
+               hang_hint="Every rank must make the same all_reduce calls.")
     return (f"the same sums as one all_reduce per tensor, with one all_reduce of exactly the "
             f"list's bytes, on 1-4 ranks, float32 and float64 (seed {seed})")
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import each_world, generator, new_seed
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -98,12 +98,9 @@ def _call(fn, model: nn.Module) -> None:
 
 def check_average_gradients(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        values = run_ranks(_trial, n, (fn, seed), where=on(n, seed),
-                           hang_hint="Every rank must all-reduce the same gradients in the "
-                           "same order.")
-        for rank, (got, want, untouched) in enumerate(values):
-            _judge(got, want, untouched, f"{on(n, seed)}, rank {rank}")
+    each_world(_trial, (fn, seed), lambda value, rank, n: _judge(*value, f"{on(n, seed)}, "
+                                                                 f"rank {rank}"), seed,
+               hang_hint="Every rank must all-reduce the same gradients in the same order.")
     return f"the same gradients as DDP on 1-4 ranks (seed {seed})"
 
 

@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import replaced, refusing
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, number_problem, run_ranks
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed, number_problem
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -70,15 +70,18 @@ def _accuracy_trial(fn, model: nn.Module, dataset) -> tuple:
 
 def check_global_accuracy(fn) -> str:
     seed = new_seed()
-    for world in WORLD_SIZES:
-        n = world * (3 + seed % 3) + 1  # no world size > 1 divides it
-        model, dataset = accuracy_problem(n, seed)
-        x, y = dataset.tensors
-        with torch.no_grad():
-            expected = (model(x).argmax(dim=1) == y).float().mean().item()
-        values = run_ranks(_accuracy_trial, world, (fn, model, dataset), where=on(world, seed))
-        _judge(values, expected, n, world, seed)
+    sizes = {world: world * (3 + seed % 3) + 1 for world in WORLD_SIZES}  # no world > 1 divides
+    problems = {world: accuracy_problem(n, seed) for world, n in sizes.items()}
+    each_world(_accuracy_trial, lambda world: (fn, *problems[world]), seed=seed,
+               judge_world=lambda values, world: _judge(values, _accuracy(*problems[world]),
+                                                        sizes[world], world, seed))
     return f"the whole data set's accuracy, each sample once, on 1-4 ranks (seed {seed})"
+
+
+def _accuracy(model, dataset) -> float:
+    x, y = dataset.tensors
+    with torch.no_grad():
+        return (model(x).argmax(dim=1) == y).float().mean().item()
 
 
 def _judge(values: list[tuple], expected: float, n: int, world: int, seed: int) -> None:
@@ -161,15 +164,17 @@ def shard_cases(seed: int, world: int) -> list[tuple[int, int, int]]:
 
 def check_sampler_shard(fn) -> str:
     seed = new_seed()
-    for world in WORLD_SIZES:
-        cases = shard_cases(seed, world)
-        values = run_ranks(_shard_trial, world, (fn, cases), where=on(world, seed))
-        for case_index, (n, epoch, sampler_seed) in enumerate(cases):
-            for rank, results in enumerate(values):
-                _judge_shard(results[case_index], f"{on(world, seed)}, n={n}, epoch={epoch}, "
-                             f"seed={sampler_seed}: rank {rank}")
+    each_world(_shard_trial, lambda world: (fn, shard_cases(seed, world)), seed=seed,
+               judge_world=lambda values, world: _judge_shards(values, world, seed))
     return (f"the same shards as DistributedSampler on 1-4 ranks, with n not divisible by "
             f"the world and n below it (seed {seed})")
+
+
+def _judge_shards(values: list, world: int, seed: int) -> None:
+    for case_index, (n, epoch, sampler_seed) in enumerate(shard_cases(seed, world)):
+        for rank, results in enumerate(values):
+            _judge_shard(results[case_index], f"{on(world, seed)}, n={n}, epoch={epoch}, "
+                         f"seed={sampler_seed}: rank {rank}")
 
 
 def _judge_shard(result: tuple, where: str) -> None:

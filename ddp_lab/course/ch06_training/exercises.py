@@ -13,9 +13,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import CollectiveTrace
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, number_problem, run_ranks
-from ddp_lab.exercises.driver import where as on
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
+from ddp_lab.exercises.registry import Exercise
 
 
 def global_throughput(samples: int, seconds: float) -> float:
@@ -47,25 +46,24 @@ def _trial(fn, seed: int) -> tuple:
 
 def check_global_throughput(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        values = run_ranks(_trial, n, (fn, seed), where=on(n, seed))
-        inputs = [pair for pair, _, _, _ in values]
-        for rank, (_, got, expected, collectives) in enumerate(values):
-            if isinstance(got, bool) or not isinstance(got, (int, float)):
-                raise ExerciseFailed(f"{on(n, seed)}, rank {rank}: "
-                                     f"{number_problem(got, expected, 'samples/s')}")
-            if n > 1 and not collectives:
-                raise ExerciseFailed(
-                    f"{on(n, seed)}, rank {rank} returned {got!r} without a single "
-                    "collective: it cannot know the other ranks' samples and times without "
-                    "asking them.")
-            if abs(got - expected) > 1e-6 * expected:
-                raise ExerciseFailed(
-                    f"{on(n, seed)}, (samples, seconds) per rank {inputs}: rank {rank} "
-                    f"returned {got!r}, expected {expected:.2f} samples/s. Sum the samples "
-                    "of all ranks and divide by the slowest rank's time (all_reduce with "
-                    "SUM and with MAX); an average of the ranks' rates overstates it.")
+    each_world(_trial, (fn, seed), seed=seed, judge_world=_throughput_problem)
     return f"the job's samples/s on every rank, 1-4 ranks (seed {seed})"
+
+
+def _throughput_problem(values: list, n: int) -> str | None:
+    inputs = [pair for pair, _, _, _ in values]
+    for rank, (_, got, expected, collectives) in enumerate(values):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return f", rank {rank}: {number_problem(got, expected, 'samples/s')}"
+        if n > 1 and not collectives:
+            return (f", rank {rank} returned {got!r} without a single collective: it cannot "
+                    "know the other ranks' samples and times without asking them.")
+        if abs(got - expected) > 1e-6 * expected:
+            return (f", (samples, seconds) per rank {inputs}: rank {rank} returned {got!r}, "
+                    f"expected {expected:.2f} samples/s. Sum the samples of all ranks and "
+                    "divide by the slowest rank's time (all_reduce with SUM and with MAX); an "
+                    "average of the ranks' rates overstates it.")
+    return None
 
 
 EXERCISES = (

@@ -17,9 +17,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_lab.course.models import ToyModel
 from ddp_lab.course.params import flat_params
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import each_world, generator, new_seed
 from ddp_lab.exercises.driver import where as on
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.registry import Exercise
 
 HANG_HINT = ("Ranks that run out of batches leave (or wait) while the others still "
              "all-reduce gradients. Every rank must take the same number of steps: agree on "
@@ -79,18 +79,21 @@ def reference_weights(seed: int, counts: list[int]) -> torch.Tensor:
 
 def check_stop_together(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
+
+    def judge_world(weights: list, n: int) -> str | None:
         counts = batch_counts(seed, n)
-        where = f"{on(n, seed)} holding {counts} batches"
-        weights = run_ranks(_trial, n, (fn, seed, counts), where=where, hang_hint=HANG_HINT)
         expected = reference_weights(seed, counts)
         for rank, got in enumerate(weights):
             if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
-                raise ExerciseFailed(
-                    f"{where}: rank {rank}'s weights differ from {min(counts)} steps on every "
-                    f"rank's batches (largest difference {(got - expected).abs().max():.2g}). "
-                    "Train exactly min(counts) steps on every rank, one optimizer step per "
-                    "batch.")
+                return (f"rank {rank}'s weights differ from {min(counts)} steps on every "
+                        f"rank's batches (largest difference {(got - expected).abs().max():.2g}"
+                        "). Train exactly min(counts) steps on every rank, one optimizer step "
+                        "per batch.")
+        return None
+
+    each_world(_trial, lambda n: (fn, seed, batch_counts(seed, n)), seed=seed,
+               place=lambda n: f"{on(n, seed)} holding {batch_counts(seed, n)} batches",
+               judge_world=judge_world, hang_hint=HANG_HINT)
     return f"every rank stopped with the first, same weights, on 1-4 ranks (seed {seed})"
 
 
