@@ -194,3 +194,10 @@ def test_ddp_prefix_dcp_keys_and_weights_only(tmp_path):
         assert rank["plain_refuses"] and rank["restored_equal"]
     loading = dcp_checkpoint.weights_only(str(tmp_path / "settings.pt"))
     assert loading["refused"] and loading["trusted"] == "RunSettings" and loading["plain_ok"]
+
+
+def test_model_parallel_ddp_step_equals_one_process_on_both_batches():
+    from ddp_lab.course.ch05_ddp_basics import basics, model_parallel_reference
+    results = ddp_lab.run(basics.model_parallel_step, 2, backend="gloo", echo=False).values
+    for result in results:
+        torch.testing.assert_close(result["weights"], model_parallel_reference.one_process_step(2))
