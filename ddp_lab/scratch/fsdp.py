@@ -43,11 +43,17 @@ class ParamSpec:
         return self.shape.numel()
 
 
+def padded_flat(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    """``tensor`` flattened and zero-padded to a multiple of ``world_size``: what a
+    reduce-scatter or an all-gather into one tensor needs, equal parts on every rank
+    (``reduce_scatter_tensor``'s input "is of size output tensor size times world size",
+    torch/distributed/distributed_c10d.py). The zeros add nothing to a sum."""
+    return F.pad(tensor.flatten(), (0, (-tensor.numel()) % world_size))
+
+
 def shard_of(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """This rank's piece of ``full`` flattened and zero-padded to a multiple of world_size."""
-    flat = full.detach().flatten()
-    padded = F.pad(flat, (0, (-flat.numel()) % world_size))
-    return padded.chunk(world_size)[rank].clone()
+    return padded_flat(full.detach(), world_size).chunk(world_size)[rank].clone()
 
 
 def gather_full(shard: torch.Tensor, spec: ParamSpec, dtype: torch.dtype) -> torch.Tensor:
@@ -70,7 +76,7 @@ class _GatherParam(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_full):
         world = dist.get_world_size()
-        flat = F.pad(grad_full.float().flatten(), (0, (-ctx.spec.numel) % world))
+        flat = padded_flat(grad_full.float(), world)
         out = torch.empty(flat.numel() // world)
         work = dist.reduce_scatter_tensor(out, flat, async_op=True)
         ctx.wrapper.pending.append((ctx.spec.name, out, work))

@@ -27,6 +27,20 @@ def partition(sizes: list[int], world_size: int) -> list[int]:
     return owners
 
 
+def zero1_step(params, owners, local_optimizer) -> None:
+    """ZeRO-1's step: the owner of each parameter updates it (``local_optimizer`` holds only
+    this rank's share; None on a rank that owns nothing), then every owner broadcasts the new
+    values, all broadcasts posted before any is waited on. Every rank calls it: the
+    broadcasts are collectives. Notebook 10's exercise 10.zero1_step, whose reference this
+    is (its solved cell pastes this source, so it uses nothing but torch and dist)."""
+    if local_optimizer is not None:
+        local_optimizer.step()
+    works = [dist.broadcast(p.data, src=owner, async_op=True)
+             for p, owner in zip(params, owners)]
+    for work in works:
+        work.wait()
+
+
 class ShardedOptimizer:
     """Wrap any ``torch.optim`` class: ``ShardedOptimizer(model.parameters(), torch.optim.Adam,
     lr=1e-3)``. Call ``step()`` after the gradients were averaged across ranks (DDP does it);
@@ -49,12 +63,7 @@ class ShardedOptimizer:
 
     def step(self) -> None:
         """Update this rank's share, then every owner broadcasts its parameters' new values."""
-        if self.local is not None:
-            self.local.step()
-        works = [dist.broadcast(p.data, src=owner, async_op=True)
-                 for p, owner in zip(self.params, self.owners)]
-        for work in works:
-            work.wait()
+        zero1_step(self.params, self.owners, self.local)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

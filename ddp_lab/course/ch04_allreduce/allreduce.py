@@ -3,7 +3,8 @@
 Four algorithms, each summing ``tensor`` in place across the group like ``dist.all_reduce``:
 reduce to a root then broadcast, the whole-tensor ring of the original PyTorch tutorial,
 the bandwidth-optimal chunked ring (reduce-scatter then all-gather), and recursive
-halving/doubling. Every one talks through a ``Link``, which counts the bytes this rank
+halving/doubling (the ring and ``Link`` live in ``ddp_lab.scratch.ring``, imported here).
+Every one talks through a ``Link``, which counts the bytes this rank
 sends so the notebook can compare them with the prediction. The timing sweep lives in
 ``allreduce_bench``.
 """
@@ -15,61 +16,8 @@ import os
 import torch
 import torch.distributed as dist
 
-
-class Link:
-    """This rank's end of the wires: send/recv by group rank, counting bytes sent.
-
-    Empty tensors are skipped on both sides (each side knows the sizes), because a chunk of
-    a tensor smaller than the world size may be empty and gloo has nothing to move for it.
-    """
-
-    def __init__(self, group=None):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        self.bytes_sent = 0
-
-    def _peer(self, rank: int) -> int:
-        return rank if self.group is None else dist.get_global_rank(self.group, rank)
-
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        if tensor.numel():
-            dist.send(tensor, self._peer(dst), group=self.group)
-            self.bytes_sent += tensor.numel() * tensor.element_size()
-
-    def recv(self, tensor: torch.Tensor, src: int) -> None:
-        if tensor.numel():
-            dist.recv(tensor, self._peer(src), group=self.group)
-
-    def exchange(self, outgoing: torch.Tensor, dst: int, incoming: torch.Tensor, src: int):
-        """Send and receive at once with ``dist.batch_isend_irecv``, then wait: no
-        send-send deadlock, and the two directions of the link overlap instead of taking
-        turns. On NCCL the batch is one ``ncclGroupStart/End`` group, so the send and the
-        recv are posted together; a separate ``isend`` then ``irecv`` on both of 2 ranks
-        can leave each rank's send waiting for a recv that is queued behind it, a deadlock
-        (NCCL's maintainers: https://github.com/NVIDIA/nccl/issues/479). Gloo has no
-        coalescing: there the batch is the same isend and irecv, posted before either is
-        waited on."""
-        ops = []
-        if outgoing.numel():
-            ops.append(dist.P2POp(dist.isend, outgoing, group=self.group, group_peer=dst))
-            self.bytes_sent += outgoing.numel() * outgoing.element_size()
-        if incoming.numel():
-            ops.append(dist.P2POp(dist.irecv, incoming, group=self.group, group_peer=src))
-        for request in dist.batch_isend_irecv(ops) if ops else []:
-            request.wait()
-
-
-def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    """A 1-D contiguous view of the tensor when possible (so results land in place), else a
-    copy that ``_write_back`` returns into the tensor."""
-    return tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-
-
-def _write_back(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    if tensor.numel() and flat.data_ptr() != tensor.data_ptr():
-        tensor.copy_(flat.view(tensor.shape))
-    return tensor
+# The ring and the Link it talks through are scratch's: the one home of the ring.
+from ddp_lab.scratch.ring import Link, _flat, _ring_phase, _write_back, ring_all_reduce  # noqa: F401
 
 
 def reduce_broadcast(tensor: torch.Tensor, group=None, link: Link | None = None):
@@ -102,38 +50,6 @@ def whole_ring(tensor: torch.Tensor, group=None, link: Link | None = None):
         flat += incoming
         outgoing, incoming = incoming, outgoing  # pass on what just arrived
     return _write_back(tensor, flat)
-
-
-def ring_all_reduce(tensor: torch.Tensor, group=None, link: Link | None = None,
-                    on_step=None):
-    """The bandwidth-optimal ring: cut the tensor into N chunks, reduce-scatter them around
-    the ring (N-1 steps, each rank ends up owning one summed chunk), then all-gather the
-    summed chunks (N-1 more steps). Each rank sends 2(N-1)/N of the tensor, whatever N.
-    ``on_step(phase, step, flat)`` is called after every step (the notebook's pictures)."""
-    link = link or Link(group)
-    flat = _flat(tensor)
-    chunks = torch.tensor_split(flat, link.world)  # contiguous views, sizes differ by <= 1
-    scratch = torch.empty(chunks[0].numel(), dtype=flat.dtype, device=flat.device)
-    _ring_phase(link, chunks, scratch, "reduce-scatter", on_step, flat)
-    _ring_phase(link, chunks, scratch, "all-gather", on_step, flat)
-    return _write_back(tensor, flat)
-
-
-def _ring_phase(link: Link, chunks, scratch, phase: str, on_step, flat) -> None:
-    """One lap of N-1 steps. In step s rank r sends chunk r-s (reduce-scatter) or r+1-s
-    (all-gather) to the right and receives the chunk one lower from the left."""
-    r, n = link.rank, link.world
-    first = 0 if phase == "reduce-scatter" else 1
-    for step in range(n - 1):
-        out, into = chunks[(r + first - step) % n], chunks[(r + first - step - 1) % n]
-        if phase == "reduce-scatter":
-            incoming = scratch[:into.numel()]
-            link.exchange(out, (r + 1) % n, incoming, (r - 1) % n)
-            into += incoming
-        else:
-            link.exchange(out, (r + 1) % n, into, (r - 1) % n)  # lands in place
-        if on_step is not None:
-            on_step(phase, step, flat)
 
 
 def halving_doubling(tensor: torch.Tensor, group=None, link: Link | None = None):

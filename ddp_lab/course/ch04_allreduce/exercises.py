@@ -22,11 +22,12 @@ import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import COLLECTIVE_FAMILIES
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.bytes_sent import naming_mismatches, recording_p2p, rounds
-from ddp_lab.exercises.driver import (WORLD_SIZES, generator, new_seed, random_tensor,
-                                     run_ranks, tensor_problem)
+from ddp_lab.exercises.bytes_sent import recording_p2p, rounds
+from ddp_lab.exercises.driver import (WORLD_SIZES, each_world, generator, new_seed, random_tensor,
+                                      tensor_problem)
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.scratch.ring import ring_reduce_scatter
 
 P2P_ONLY = "build it from send/recv (isend/irecv) only"
 # The key-value store's data methods: a tensor passed through the store would cost no
@@ -49,23 +50,6 @@ def point_to_point_only(journal: str):
 
 
 # -- 04.reduce_scatter ----------------------------------------------------------------------
-def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
-    """Reference: the ring's first phase, shifted by one chunk so that rank r ends with
-    chunk r. At each of N - 1 steps a rank sends one chunk right and adds the one from the
-    left into its own partial sum."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    right, left = (rank + 1) % world, (rank - 1) % world
-    chunks = [c.clone() for c in tensor.chunk(world)]
-    for step in range(world - 1):
-        outgoing = chunks[(rank - step - 1) % world]
-        into = chunks[(rank - step - 2) % world]
-        incoming = torch.empty_like(into)
-        for request in (dist.isend(outgoing, right), dist.irecv(incoming, left)):
-            request.wait()
-        into += incoming
-    return chunks[rank]
-
-
 # Values over the whole int64 range (their sums too, on 4 ranks): a downcast loses them.
 BIG = 2 ** 60
 
@@ -83,17 +67,18 @@ def _reduce_scatter_trial(fn, seed: int, journal: str):
 
 def check_reduce_scatter(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        with naming_mismatches() as journal:
-            values = run_ranks(_reduce_scatter_trial, n, (fn, seed, journal),
-                               where=on(n, seed), hang_hint=DEADLOCK_HINT)
-            for rank, (got, expected, messages) in enumerate(values):
-                problem = tensor_problem(got, expected)
-                if problem:
-                    raise ExerciseFailed(f"{on(n, seed)}, rank {rank} should return chunk "
-                                         f"{rank} summed over all ranks: {problem}"
-                                         f"{_narrowed(messages, expected.dtype)}")
-                _check_bytes(f"{on(n, seed)}, rank {rank}", messages, expected, n)
+
+    def judge(value: tuple, rank: int, n: int) -> str | None:
+        got, expected, messages = value
+        problem = tensor_problem(got, expected)
+        if problem:
+            return (f" should return chunk {rank} summed over all ranks: {problem}"
+                    f"{_narrowed(messages, expected.dtype)}")
+        _check_bytes(f"{on(n, seed)}, rank {rank}", messages, expected, n)
+        return None
+
+    each_world(_reduce_scatter_trial, (fn, seed), judge, seed, journaled=True,
+               hang_hint=DEADLOCK_HINT)
     return f"right sums, and no more bytes than the ring, on 1-4 ranks (seed {seed})"
 
 
@@ -152,18 +137,22 @@ def _broadcast_trial(fn, seed: int, src: int, journal: str):
 
 def check_tree_broadcast(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        src = 1 + seed % (n - 1) if n > 1 else 0  # not 0: a tree rooted at 0 fails
-        with naming_mismatches() as journal:
-            values = run_ranks(_broadcast_trial, n, (fn, seed, src, journal),
-                               where=on(n, seed), hang_hint="Does every recv have a matching "
-                               "send (same pair of ranks, same order)?")
-            for rank, (got, expected, _) in enumerate(values):
-                problem = tensor_problem(got, expected)
-                if problem:
-                    raise ExerciseFailed(f"{on(n, seed)}, src={src}: rank {rank} should "
-                                         f"return rank {src}'s tensor: {problem}")
-        _check_rounds(n, seed, src, [messages for _, _, messages in values])
+    # src is not 0: a tree rooted at 0 fails
+    src = {n: 1 + seed % (n - 1) if n > 1 else 0 for n in WORLD_SIZES}
+
+    def judge_world(values: list, n: int) -> str | None:
+        for rank, (got, expected, _) in enumerate(values):
+            problem = tensor_problem(got, expected)
+            if problem:
+                return (f", src={src[n]}: rank {rank} should return rank {src[n]}'s tensor: "
+                        f"{problem}")
+        _check_rounds(n, seed, src[n], [messages for _, _, messages in values])
+        return None
+
+    each_world(_broadcast_trial, lambda n: (fn, seed, src[n]), seed=seed,
+               judge_world=judge_world, journaled=True,
+               hang_hint="Does every recv have a matching send (same pair of ranks, same "
+                         "order)?")
     return f"src's tensor everywhere, in ceil(log2 N) rounds, on 1-4 ranks (seed {seed})"
 
 

@@ -10,30 +10,23 @@ the gradient's shard costs one reduce-scatter. The second exercise lives in shar
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
 from ddp_lab.course.ch10_sharding.shard_exercise import check_shard_gradient, sent, shard_gradient
 from ddp_lab.course.collective_trace import CollectiveTrace
-from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import (HANG_S, WORLD_SIZES, generator, new_seed, run_ranks,
-                                      where)
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
-from ddp_lab.scratch.sharded_optimizer import ShardedOptimizer, partition
+from ddp_lab.exercises.builtins_off import refused_everywhere, refusing, replaced
+from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.registry import Exercise
+from ddp_lab.scratch.sharded_optimizer import ShardedOptimizer, partition, zero1_step
 
 STEPS = 3
 COST_TOLERANCE = 1.25  # the reference moves exactly each parameter once
 
 
 # --- 10.zero1_step ---------------------------------------------------------------------------
-
-def zero1_step(params, owners, local_optimizer):
-    """Reference: the owner updates its parameters, then every owner broadcasts them."""
-    if local_optimizer is not None:
-        local_optimizer.step()
-    for p, owner in zip(params, owners):
-        dist.broadcast(p.data, src=owner)
-
 
 def _random_params(seed: int, layout: tuple[int, bool]) -> list[torch.Tensor]:
     """``count`` trained parameters of random shapes (1-D or 2-D, sides 2-6), then, with
@@ -84,7 +77,7 @@ def _zero1_phase(fn, seed: int, rank: int, world: int, layout: tuple[int, bool])
         for k in range(count):
             dist.all_reduce(params[k].grad)
             params[k].grad /= world
-        with _no_sharded_optimizer(), CollectiveTrace(forbid=("all_reduce", "reduce_scatter"),
+        with _no_sharded_optimizer(fn), CollectiveTrace(forbid=("all_reduce", "reduce_scatter"),
                                                       why=FORBIDDEN_WHY) as trace:
             _call_step(fn, params, owners, local)
         moved.append(_moved(trace))
@@ -123,12 +116,19 @@ def _moved(trace: CollectiveTrace) -> dict:
             "dtypes": sorted({str(c.dtype) for c in calls if c.dtype is not None})}
 
 
-def _no_sharded_optimizer():
+def _no_sharded_optimizer(fn):
     """The scratch ShardedOptimizer's step refuses while the learner's step runs (patched
-    on the class, which every imported name shares). torch's ZeroRedundancyOptimizer is no
-    shortcut for a step over given parameters."""
+    on the class, which every imported name shares), and so does the scratch zero1_step it
+    calls, however it is imported (unless it is what is checked: it is the reference).
+    torch's ZeroRedundancyOptimizer is no shortcut for a step over given parameters."""
     why = "write ZeRO-1's step yourself: the local step, then the parameters travel"
-    return replaced(ShardedOptimizer, "step", refusing("ShardedOptimizer.step", why))
+    stack = contextlib.ExitStack()
+    stack.enter_context(replaced(ShardedOptimizer, "step", refusing("ShardedOptimizer.step",
+                                                                    why)))
+    if fn is not zero1_step:
+        stack.enter_context(refused_everywhere(zero1_step,
+                                               "scratch.sharded_optimizer.zero1_step", why))
+    return stack
 
 
 def _mismatches(phases: list[dict]) -> list[tuple]:
@@ -195,22 +195,24 @@ def _zero1_cost_problem(phases: list[dict], n: int) -> str | None:
     return None
 
 
+def _zero1_world_problem(values: list, n: int) -> str | None:
+    for phases in zip(*values):  # one phase, every rank's run of it
+        owners = f"{len(phases[0]['owners'])} parameters (owners {phases[0]['owners']})"
+        mismatches = _mismatches(phases)
+        if mismatches:
+            dtypes = sorted({d for p in phases for m in p["moved"] for d in m["dtypes"]})
+            return f", {owners}, {_zero1_problem(mismatches, dtypes)}"
+        problem = _zero1_cost_problem(phases, n) if n > 1 else None
+        if problem:
+            return f", {owners}: {problem}"
+    return None
+
+
 def check_zero1_step(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        on = where(n, seed)
-        values = run_ranks(_zero1_trial, n, (fn, seed), where=on, timeout=HANG_S,
-                           hang_hint="Every rank must take part in the same collectives, in "
-                                     "the same order, owner or not.")
-        for phases in zip(*values):  # one phase, every rank's run of it
-            owners = f"{len(phases[0]['owners'])} parameters (owners {phases[0]['owners']})"
-            mismatches = _mismatches(phases)
-            if mismatches:
-                dtypes = sorted({d for p in phases for m in p["moved"] for d in m["dtypes"]})
-                raise ExerciseFailed(f"{on}, {owners}, {_zero1_problem(mismatches, dtypes)}")
-            problem = _zero1_cost_problem(phases, n) if n > 1 else None
-            if problem:
-                raise ExerciseFailed(f"{on}, {owners}: {problem}")
+    each_world(_zero1_trial, (fn, seed), seed=seed, judge_world=_zero1_world_problem,
+               hang_hint="Every rank must take part in the same collectives, in the same "
+                         "order, owner or not.")
     return (f"every rank holds what one process's Adam gives, {STEPS} steps on 1 to 4 ranks, "
             f"ranks that own nothing and frozen parameters included, each parameter sent once "
             f"(seed {seed})")
@@ -229,7 +231,8 @@ EXERCISES = (
                "The owner sends, everyone else receives into p.data. Each parameter crosses "
                "once; nothing else needs to travel (the gradients were averaged before).",
         solution=zero1_step, checker=check_zero1_step,
-        answered_by=("ddp_lab.scratch.sharded_optimizer:ShardedOptimizer.step",)),
+        answered_by=("ddp_lab.scratch.sharded_optimizer:ShardedOptimizer.step",
+                     "ddp_lab.scratch.sharded_optimizer:zero1_step")),
     Exercise(
         name="10.shard_gradient", notebook="10_sharding",
         summary="shard_gradient(full_grad): this rank's averaged shard, by one reduce-scatter",

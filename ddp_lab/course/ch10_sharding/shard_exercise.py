@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.course.collective_trace import CollectiveTrace
-from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
-from ddp_lab.exercises.registry import ExerciseFailed
+from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.scratch.fsdp import padded_flat
 
 FORBIDDEN = ("all_reduce", "all_gather", "reduce")
 WHY = "each rank needs only its own shard of the sum: one collective sums and splits at once"
@@ -42,10 +42,6 @@ def _shape(seed: int, trial: int) -> tuple[int, ...]:
     g = generator(seed, trial)
     dims = int(torch.randint(1, 4, (1,), generator=g))
     return tuple(int(s) for s in torch.randint(1, 6, (dims,), generator=g))
-
-
-def _padded(t: torch.Tensor, world: int) -> torch.Tensor:
-    return F.pad(t.flatten(), (0, (-t.numel()) % world))
 
 
 def sent(call) -> float:
@@ -81,9 +77,9 @@ def _shard_trial(fn, seed: int) -> list:
             got = _call(fn, grads[rank].clone())
         if isinstance(got, torch.Tensor):
             got = got.detach().clone()  # an AsyncCollectiveTensor waits here, a plain one copies
-        average = _padded(torch.stack(grads).mean(0), world)
+        average = padded_flat(torch.stack(grads).mean(0), world)
         results.append({"shape": shape, "got": got, "expected": average.chunk(world)[rank],
-                        "own": _padded(grads[rank], world).chunk(world)[rank],
+                        "own": padded_flat(grads[rank], world).chunk(world)[rank],
                         "chunks": average.chunk(world), "padded_bytes": average.numel() * 4,
                         "calls": [(c.family, sent(c), c.dtype) for c in trace.moving_data()]})
     return results
@@ -133,16 +129,16 @@ def _cost_problem(r: dict, n: int) -> str | None:
 
 def check_shard_gradient(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        on = where(n, seed)
-        values = run_ranks(_shard_trial, n, (fn, seed), where=on, timeout=HANG_S,
-                           hang_hint="Every rank must call the same collective with tensors "
-                                     "of the same size.")
-        for rank, results in enumerate(values):
-            for r in results:
-                problem = _shard_problem(r, rank, n) or (_cost_problem(r, n) if n > 1 else None)
-                if problem:
-                    raise ExerciseFailed(f"{on}, rank {rank}, a gradient of shape {r['shape']}: "
-                                         f"{problem}")
+
+    def judge(results: list, rank: int, n: int) -> str | None:
+        for r in results:
+            problem = _shard_problem(r, rank, n) or (_cost_problem(r, n) if n > 1 else None)
+            if problem:
+                return f", a gradient of shape {r['shape']}: {problem}"
+        return None
+
+    each_world(_shard_trial, (fn, seed), judge, seed,
+               hang_hint="Every rank must call the same collective with tensors of the same "
+                         "size.")
     return (f"every rank got its averaged shard, {TRIALS} shapes (uneven, smaller than the "
             f"world) on 1 to 4 ranks, at the cost of one reduce-scatter (seed {seed})")
