@@ -19,12 +19,11 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.ch02_point_to_point.peers import peer_problem
-from ddp_lab.exercises.bytes_sent import naming_mismatches, recording_p2p
+from ddp_lab.exercises.bytes_sent import recording_p2p
 from ddp_lab.exercises.builtins_off import COLLECTIVES, families
-from ddp_lab.exercises.driver import (WORLD_SIZES, describe, full_bits_tensor, generator,
-                                     new_seed, run_ranks, tensor_problem)
-from ddp_lab.exercises.driver import where as on
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import (describe, each_world, full_bits_tensor, generator, new_seed,
+                                      tensor_problem)
+from ddp_lab.exercises.registry import Exercise
 
 P2P_ONLY = "use only send/recv, isend/irecv or batch_isend_irecv"
 DEADLOCK_HINT = ("If every rank first does a blocking send, they all wait for a recv nobody "
@@ -45,11 +44,13 @@ def _run_p2p(fn, journal: str, *args):
     return got, log.bytes_sent
 
 
-def _journaled_run(trial, n: int, args: tuple, seed: int, journal: str) -> list:
-    """run_ranks(trial, n, (*args, journal)): a crash or a hang says what the journals show
-    (a send to itself, a peer that does not exist, unmatched sends)."""
-    return run_ranks(trial, n, (*args, journal), where=on(n, seed), hang_hint=DEADLOCK_HINT,
-                     explain=lambda err: peer_problem(journal, n, err))
+def _journaled_worlds(trial, args, seed: int, judge=None, judge_world=None) -> None:
+    """each_world with every send and recv journaled: a crash or a hang says what the
+    journals show (a send to itself, a peer that does not exist, unmatched sends), a wrong
+    answer names mismatched pairs first."""
+    each_world(trial, args, judge, seed, judge_world=judge_world, journaled=True,
+               hang_hint=DEADLOCK_HINT,
+               explain=lambda err, n, journal: peer_problem(journal, n, err))
 
 
 # -- 02.all_gather --------------------------------------------------------------------------
@@ -76,13 +77,8 @@ def _all_gather_trial(fn, seed: int, journal: str):
 
 def check_all_gather(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        with naming_mismatches() as journal:  # a failure below names mismatched pairs first
-            values = _journaled_run(_all_gather_trial, n, (fn, seed), seed, journal)
-            for rank, (got, sent, expected) in enumerate(values):
-                problem = _list_problem(got, expected) or _gather_cost(sent, expected[0], n)
-                if problem:
-                    raise ExerciseFailed(f"{on(n, seed)}, rank {rank}: {problem}")
+    _journaled_worlds(_all_gather_trial, (fn, seed), seed, judge=lambda value, rank, n: (
+        _list_problem(value[0], value[2]) or _gather_cost(value[1], value[2][0], n)))
     return (f"the same lists as dist.all_gather, each rank sending N - 1 tensors' worth, on "
             f"1-4 ranks, int64 and float32 (seed {seed})")
 
@@ -139,17 +135,19 @@ def _shift_trial(fn, seed: int, ks: list, journal: str):
 
 def check_shift(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        ks = shifts(seed, n)
-        with naming_mismatches() as journal:  # a failure below names mismatched pairs first
-            values = _journaled_run(_shift_trial, n, (fn, seed, ks), seed, journal)
-            for i, k in enumerate(ks):
-                for rank, (got, sent, everybody) in enumerate(v[i] for v in values):
-                    problem = _shift_problem(got, sent, everybody, rank, k, n)
-                    if problem:
-                        raise ExerciseFailed(f"{on(n, seed)}, k={k}: {problem}")
+    _journaled_worlds(_shift_trial, lambda n: (fn, seed, shifts(seed, n)), seed,
+                      judge_world=lambda values, n: _shifts_problem(values, shifts(seed, n), n))
     return (f"every rank got the tensor from k places to its left (k below, above and a "
             f"multiple of N), with one send at most, on 1-4 ranks (seed {seed})")
+
+
+def _shifts_problem(values: list, ks: list, n: int) -> str | None:
+    for i, k in enumerate(ks):
+        for rank, (got, sent, everybody) in enumerate(v[i] for v in values):
+            problem = _shift_problem(got, sent, everybody, rank, k, n)
+            if problem:
+                return f", k={k}: {problem}"
+    return None
 
 
 def _shift_problem(got, sent: int, everybody: list, rank: int, k: int, n: int) -> str | None:

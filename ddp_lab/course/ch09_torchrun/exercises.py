@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 from ddp_lab.course.collective_trace import (FAMILY_OF, NAMESPACES, NOT_COLLECTIVES,
                                              BuiltinSwitchedOff, CollectiveTrace)
-from ddp_lab.exercises.driver import generator, new_seed, number_problem, run_ranks
+from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
 from ddp_lab.exercises.driver import tensor_problem
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
@@ -101,8 +101,9 @@ def layout_runs(trial, fn, seed: int):
     """(ranks per node, where, every rank's value) of ``trial`` on each layout."""
     for world, local in LAYOUTS:
         where = f"{on(world, seed)}, {world // local} node(s) of {local}"
-        yield local, where, run_ranks(trial, world, (fn, seed, local), where=where,
-                                      hang_hint=HANG_HINT)
+        yield local, where, each_world(trial, (fn, seed, local), seed=seed, sizes=(world,),
+                                       place=lambda n, where=where: where,
+                                       hang_hint=HANG_HINT)[world]
 
 
 # -- 09.node_sum ----------------------------------------------------------------------------

@@ -26,8 +26,8 @@ import torch.distributed as dist
 from ddp_lab import scratch
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.registry import Exercise
 
 COST_TOLERANCE = 1.25  # the reference's forward moves exactly one all-reduce of the output
 FALLBACK_WARNING = "an autograd kernel was not registered"
@@ -177,17 +177,15 @@ def _cost_problem(got: dict, want: dict, n: int) -> str | None:
 
 def check_row_parallel(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        on = where(n, seed)
+
+    def judge(got: dict, rank: int, n: int) -> str | None:
         want = _expected(seed, n)
-        values = run_ranks(_row_trial, n, (fn, seed), where=on, timeout=HANG_S,
-                           hang_hint="Every rank must make the same all-reduce.")
-        for rank, got in enumerate(values):
-            problem = (_forward_problem(got["out"], want, rank, n)
-                       or _backward_problem(got, want, rank, n)
-                       or (_graph_problem(got) or _cost_problem(got, want, n) if n > 1 else None))
-            if problem:
-                raise ExerciseFailed(f"{on}, rank {rank}: {problem}")
+        return (_forward_problem(got["out"], want, rank, n)
+                or _backward_problem(got, want, rank, n)
+                or (_graph_problem(got) or _cost_problem(got, want, n) if n > 1 else None))
+
+    each_world(_row_trial, (fn, seed), judge, seed,
+               hang_hint="Every rank must make the same all-reduce.")
     return (f"output and every gradient equal an unsharded Linear on 1 to 4 ranks, one "
             f"all-reduce's bytes in forward, none in backward (seed {seed})")
 

@@ -18,9 +18,8 @@ import torch.distributed as dist
 from ddp_lab.course.ch11_meshes import pipeline
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refused_everywhere
-from ddp_lab.exercises.driver import (HANG_S, WORLD_SIZES, generator, new_seed, number_problem,
-                                      run_ranks, where)
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
+from ddp_lab.exercises.registry import Exercise
 
 TOLERANCE = 1e-6
 
@@ -106,20 +105,17 @@ def _problem(got, all_spans: list, rank: int) -> str | None:
 
 def check_interleaved_bubble(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        on = where(n, seed)
-        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=HANG_S,
-                           hang_hint="Every rank must make the same collectives, in the same "
-                                     "order.")
-        all_spans = timelines(seed, n)
-        for rank, value in enumerate(values):
-            problem = _problem(value["got"], all_spans, rank)
-            if not problem and n > 1 and not value["collectives"]:
-                problem = ("the right number with no collective: no rank knows the others' "
-                           "spans, so it must have come from somewhere else; combine the "
-                           "ranks' spans with collectives")
-            if problem:
-                raise ExerciseFailed(f"{on}, rank {rank}: {problem}")
+
+    def judge(value: dict, rank: int, n: int) -> str | None:
+        problem = _problem(value["got"], timelines(seed, n), rank)
+        if not problem and n > 1 and not value["collectives"]:
+            problem = ("the right number with no collective: no rank knows the others' "
+                       "spans, so it must have come from somewhere else; combine the "
+                       "ranks' spans with collectives")
+        return problem
+
+    each_world(_trial, (fn, seed), judge, seed,
+               hang_hint="Every rank must make the same collectives, in the same order.")
     return f"every rank measured the pipeline's bubble on 1 to 4 ranks (seed {seed})"
 
 

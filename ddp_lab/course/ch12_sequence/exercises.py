@@ -21,8 +21,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.exercises.builtins_off import refused_everywhere, replaced
-from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.registry import Exercise
 from ddp_lab.scratch.ring_attention import online_softmax_step
 
 SCALES = (1.0, 40.0)  # 40: scores in the hundreds, exp() overflows without the max
@@ -125,18 +125,17 @@ def _problem_with(got: dict, want: dict, rank: int) -> str | None:
 
 def check_online_softmax(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        on = where(n, seed)
-        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=HANG_S,
-                           hang_hint="The step computes on this rank only: no collective in it.")
-        for rank, trials in enumerate(values):
-            for got in trials:
-                want = _expected(seed, n, got["scale"], got["causal"])
-                problem = _problem_with(got, want, rank)
-                if problem:
-                    kind = "causal" if got["causal"] else "full"
-                    raise ExerciseFailed(f"{on}, rank {rank}, {kind} attention, scores x"
-                                         f"{got['scale']:g}: {problem}")
+
+    def judge(trials: list, rank: int, n: int) -> str | None:
+        for got in trials:
+            problem = _problem_with(got, _expected(seed, n, got["scale"], got["causal"]), rank)
+            if problem:
+                kind = "causal" if got["causal"] else "full"
+                return f", {kind} attention, scores x{got['scale']:g}: {problem}"
+        return None
+
+    each_world(_trial, (fn, seed), judge, seed,
+               hang_hint="The step computes on this rank only: no collective in it.")
     return (f"ring attention with your step equals attention over the whole sequence on 1 to 4 "
             f"ranks, causal and not, with scores that overflow exp() (seed {seed})")
 

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refused_everywhere, refusing, replaced
-from ddp_lab.exercises.driver import HANG_S, WORLD_SIZES, generator, new_seed, run_ranks, where
-from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.registry import Exercise
 from ddp_lab.scratch.moe import dispatch
 
 COST_TOLERANCE = 1.25  # over the reference's rows; the counts may travel by all-gather too
@@ -184,15 +184,10 @@ def _sorted_rows(rows: torch.Tensor) -> torch.Tensor:
 
 def check_dispatch(fn) -> str:
     seed = new_seed()
-    for n in WORLD_SIZES:
-        on = where(n, seed)
-        values = run_ranks(_trial, n, (fn, seed), where=on, timeout=HANG_S,
-                           hang_hint="Every rank must make the same all-to-alls, with split "
-                                     "sizes that agree pair by pair (exchange them first).")
-        for rank, value in enumerate(values):
-            problem = _problem(value, _expected(seed, n, rank), n)
-            if problem:
-                raise ExerciseFailed(f"{on}, rank {rank}: {problem}")
+    each_world(_trial, (fn, seed),
+               lambda value, rank, n: _problem(value, _expected(seed, n, rank), n), seed,
+               hang_hint="Every rank must make the same all-to-alls, with split sizes that "
+                         "agree pair by pair (exchange them first).")
     return (f"every rank received exactly the rows sent to it, in order, and the counts, on 1 "
             f"to 4 ranks with {_shapes(seed)[0]} experts per rank (seed {seed})")
 
