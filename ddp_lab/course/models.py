@@ -2,7 +2,48 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
 import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """A stack of Linear layers (ReLU between them): ``depth`` layers in all, ``width``
+    features inside, ``inputs`` in and ``outputs`` out. Chapter 07 times and buckets it,
+    chapter 10 shards it, chapter 11 splits it over tensor-parallel ranks."""
+
+    inputs: int = 64
+    width: int = 256
+    depth: int = 4
+    outputs: int = 1
+
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        sizes = [self.inputs] + [self.width] * (self.depth - 1) + [self.outputs]
+        return list(zip(sizes[:-1], sizes[1:]))
+
+    @property
+    def parameters(self) -> int:
+        return sum(i * o + o for i, o in self.layer_shapes())
+
+
+def make_mlp(config: MLPConfig, seed: int = 0, names: bool = True) -> nn.Sequential:
+    """The same weights on every rank and in a single-process reference (seeded).
+
+    ``names=True``: layers named fc0, act0, fc1, ... so DDP's buckets read like the model;
+    ``names=False``: indices 0, 1, 2, ... (what ``parallelize_module`` plans and FSDP's
+    state dicts name). The weights are the same either way."""
+    torch.manual_seed(seed)
+    layers = []
+    for k, (fan_in, fan_out) in enumerate(config.layer_shapes()):
+        layers.append((f"fc{k}", nn.Linear(fan_in, fan_out)))
+        if k < config.depth - 1:
+            layers.append((f"act{k}", nn.ReLU()))
+    if names:
+        return nn.Sequential(OrderedDict(layers))
+    return nn.Sequential(*(layer for _, layer in layers))
 
 
 class ToyModel(nn.Module):

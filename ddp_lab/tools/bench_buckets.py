@@ -37,7 +37,7 @@ def _cap(text: str):
 
 def config_from(args: argparse.Namespace):
     from ddp_lab.course.ch07_inside_ddp.bucket_sweep import SweepConfig
-    from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig
+    from ddp_lab.course.models import MLPConfig
     model = MLPConfig(inputs=args.width, width=args.width, depth=args.depth, outputs=args.width)
     return SweepConfig(caps=tuple(args.caps), model=model, batch=args.batch,
                        warmup=args.warmup, iterations=args.iterations)

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import ddp_lab
 from ddp_lab.tools import bench_buckets
 from ddp_lab.course.ch07_inside_ddp import accumulation, bucket_sweep, buckets, comm_hooks, memory as ddp_memory, overlap, unused_params
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.units import MiB
 from ddp_lab.course.ch07_inside_ddp import plots as pictures
 

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.course.params import flat_params
-from ddp_lab.course.ch07_inside_ddp.workload import (BucketRecorder, MLPConfig, make_mlp, rank_slice,
-                                      regression_data)
+from ddp_lab.course.ch07_inside_ddp.workload import BucketRecorder, rank_slice, regression_data
+from ddp_lab.course.models import MLPConfig, make_mlp
 
 ACCUMULATION_MODEL = MLPConfig(inputs=32, width=128, depth=3, outputs=4)
 LR = 0.1

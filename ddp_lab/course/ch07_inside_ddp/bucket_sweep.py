@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
-from ddp_lab.course.ch07_inside_ddp.overlap import TIMELINE_MODEL, all_reduce_after_backward
+from ddp_lab.course.ch07_inside_ddp.overlap import TIMELINE_MODEL
+from ddp_lab.course.ch07_inside_ddp.steps import ddp_step, plain_step
+from ddp_lab.course.models import MLPConfig
 from ddp_lab.course.timing import time_in_turns
 
 DEFAULT_CAP = None  # DDP's default: 25 MiB buckets after a first one of 1 MiB
@@ -43,22 +43,6 @@ class SweepConfig:
     iterations: int = 3
 
 
-def _ddp_step(config: SweepConfig, cap, x):
-    ddp = DDP(make_mlp(config.model), bucket_cap_mb=cap)
-    return ddp, lambda: ddp(x).square().mean().backward()
-
-
-def _manual_step(config: SweepConfig, x, communicate: bool):
-    model = make_mlp(config.model)
-    buffer = [None]  # the flat all-reduce buffer, allocated once
-
-    def step():
-        model(x).square().mean().backward()
-        if communicate:
-            buffer[0] = all_reduce_after_backward(model, buffer[0])
-    return step
-
-
 def _all_reduce_only(config: SweepConfig):
     flat = torch.zeros(config.model.parameters)
     return lambda: dist.all_reduce(flat)
@@ -72,9 +56,9 @@ def time_buckets(config: SweepConfig = SweepConfig()) -> dict:
                     generator=torch.Generator().manual_seed(dist.get_rank()))
     steps, models = {}, {}
     for cap in config.caps:
-        models[cap], steps[cap] = _ddp_step(config, cap, x)
-    steps["no overlap"] = _manual_step(config, x, communicate=True)
-    steps["backward only"] = _manual_step(config, x, communicate=False)
+        models[cap], steps[cap] = ddp_step(config.model, x, cap)
+    steps["no overlap"] = plain_step(config.model, x, communicate=True)
+    steps["backward only"] = plain_step(config.model, x, communicate=False)
     steps["all-reduce only"] = _all_reduce_only(config)
     times = time_in_turns(steps, config.warmup, config.iterations)
     return {"ms": {n: statistics.median(t) * 1e3 for n, t in times.items()}, "times": times,

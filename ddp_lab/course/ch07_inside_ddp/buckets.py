@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import BucketRecorder, MLPConfig, make_mlp
+from ddp_lab.course.ch07_inside_ddp.workload import BucketRecorder
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.units import MiB
 
 # An MNIST-sized MLP: fc0 is 1.6 MB, fc1-fc3 1 MB each, the fc4 head 20 kB.

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ddp_lab.course.ch07_inside_ddp.backward_trace import BackwardTrace
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.scratch import DDP
 
 TIMELINE_MODEL = MLPConfig(inputs=256, width=256, depth=6, outputs=8)

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import (MLPConfig, hook_device, make_mlp, rank_slice,
-                                                     regression_data)
+from ddp_lab.course.ch07_inside_ddp.workload import hook_device, rank_slice, regression_data
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.params import device_ids
 
 HOOK_MODEL = MLPConfig(inputs=64, width=256, depth=3, outputs=8)

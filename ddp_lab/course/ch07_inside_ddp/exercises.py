@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.course.params import flat_grads
-from ddp_lab.exercises.driver import WORLD_SIZES, generator, new_seed, run_ranks
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -108,19 +108,20 @@ def diagnose(g: dict, world: int) -> str | None:
 def check_counting_hook(hook) -> str:
     seed = new_seed()
     expected = ITERATIONS * MODEL.parameters * 4
-    for n in WORLD_SIZES:
-        late_rank, late_s = seed % n, (0.5 + seed % 300 / 1000 if n > 1 else 0.0)
-        results = run_ranks(_trial, n, (hook, seed, late_rank, late_s), where=on(n, seed),
-                            timeout=15)
-        for rank, result in enumerate(results):
-            if rank != late_rank:
-                _judge_returns(on(n, seed), rank, result["late_returns"], late_rank, late_s)
-            for it, g in enumerate(result["grads"]):
-                problem = diagnose(g, n)
-                if problem:
-                    raise ExerciseFailed(f"{on(n, seed)}, rank {rank}, iteration {it}: "
-                                         f"{problem}")
-            _judge_bytes(on(n, seed), rank, result, expected)
+    lateness = {n: (seed % n, 0.5 + seed % 300 / 1000 if n > 1 else 0.0) for n in WORLD_SIZES}
+
+    def judge(result: dict, rank: int, n: int) -> str | None:
+        late_rank, late_s = lateness[n]
+        if rank != late_rank:
+            _judge_returns(on(n, seed), rank, result["late_returns"], late_rank, late_s)
+        for it, g in enumerate(result["grads"]):
+            problem = diagnose(g, n)
+            if problem:
+                return f", iteration {it}: {problem}"
+        _judge_bytes(on(n, seed), rank, result, expected)
+        return None
+
+    each_world(_trial, lambda n: (hook, seed, *lateness[n]), judge, seed, timeout=15)
     return (f"DDP's gradients, every byte counted and sent, the Future returned before the "
             f"all-reduce finished, on 1-4 ranks (seed {seed})")
 

@@ -31,7 +31,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.units import MiB
 
 # 3 layers of 3072 x 3072: 28 M parameters, 108 MiB. Every layer is larger than glibc's

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.course.ch07_inside_ddp.bucket_sweep import cap_label
-from ddp_lab.course.ch07_inside_ddp.overlap import all_reduce_after_backward
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.ch07_inside_ddp.steps import ddp_step, plain_step
+from ddp_lab.course.models import MLPConfig
 from ddp_lab.course.timing import time_in_turns
 
 # 8 layers of 512 x 512: 8.4 MB of gradients in 16 tensors. Many equal layers keep the
@@ -82,35 +81,17 @@ def _powersgd_state():
                                        start_powerSGD_iter=2, min_compression_rate=2)
 
 
-def _ddp_step(config: StepConfig, x, cap, hook=None):
-    ddp = DDP(make_mlp(config.model), bucket_cap_mb=cap)
-    if hook is not None:
-        ddp.register_comm_hook(*hook)
-    return lambda: ddp(x).square().mean().backward()
-
-
-def _plain_step(config: StepConfig, x, communicate: bool):
-    """Forward and backward without DDP; then all gradients in one all-reduce (no overlap),
-    or nothing (the computation alone)."""
-    model = make_mlp(config.model)
-    buffer = [None]
-
-    def step():
-        model(x).square().mean().backward()
-        if communicate:
-            buffer[0] = all_reduce_after_backward(model, buffer[0])
-    return step
-
-
 def _make_step(config: StepConfig, x, setting):
+    """The step ``setting`` names: no overlap or the computation alone (``plain_step``),
+    a hook on DDP, or DDP at a bucket cap (``ddp_step``)."""
     if setting in ("no overlap", "compute only"):
-        return _plain_step(config, x, communicate=setting == "no overlap")
+        return plain_step(config.model, x, communicate=setting == "no overlap")
     if setting == "fp16 hook":
-        return _ddp_step(config, x, HOOK_CAP, (None, default_hooks.fp16_compress_hook))
+        return ddp_step(config.model, x, HOOK_CAP, (None, default_hooks.fp16_compress_hook))[1]
     if setting == "PowerSGD hook":
-        return _ddp_step(config, x, POWERSGD_CAP,
-                         (_powersgd_state(), powerSGD_hook.powerSGD_hook))
-    return _ddp_step(config, x, setting)
+        return ddp_step(config.model, x, POWERSGD_CAP,
+                        (_powersgd_state(), powerSGD_hook.powerSGD_hook))[1]
+    return ddp_step(config.model, x, setting)[1]
 
 
 def step_times(config: StepConfig = StepConfig(), lessons: tuple = LESSONS) -> dict:

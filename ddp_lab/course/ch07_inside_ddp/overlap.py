@@ -24,25 +24,12 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
-from ddp_lab.course.ch07_inside_ddp.workload import BucketRecorder, MLPConfig, make_mlp
+from ddp_lab.course.ch07_inside_ddp.steps import all_reduce_after_backward
+from ddp_lab.course.ch07_inside_ddp.workload import BucketRecorder
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.trace_events import collective_spans, most_in_flight, spans_of
 
 TIMELINE_MODEL = MLPConfig(inputs=1024, width=1024, depth=6, outputs=1024)
-
-
-def all_reduce_after_backward(model: nn.Module, flat: torch.Tensor | None = None) -> torch.Tensor:
-    """No-overlap data parallelism by hand: once backward is over, average every gradient
-    across ranks with ONE all-reduce of all of them flattened. Returns the flat buffer:
-    pass it back next step to reuse it, as DDP reuses its buckets (a fresh tensor of all
-    the gradients every step costs page faults that would be blamed on the overlap)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads], out=flat)
-    dist.all_reduce(flat)
-    offset, world = 0, dist.get_world_size()
-    for g in grads:  # divide while copying back: one pass over the memory, like DDP's
-        torch.div(flat[offset:offset + g.numel()].view_as(g), world, out=g)
-        offset += g.numel()
-    return flat
 
 
 class LayerClock:

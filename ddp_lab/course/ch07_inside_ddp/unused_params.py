@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import MLPConfig, make_mlp
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.timing import slowest_rank_seconds
 
 # Many small layers: the graph walk grows with the number of autograd nodes.

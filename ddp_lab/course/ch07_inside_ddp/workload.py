@@ -1,6 +1,7 @@
-"""Notebook 07's instruments for looking inside DDP: the MLP every section trains, its
-synthetic data, and ``BucketRecorder``, a communication hook that does what DDP does by
-default (average the bucket with one all-reduce) and writes down every bucket it sees.
+"""Notebook 07's instruments for looking inside DDP: the synthetic data that every section's
+MLP (``ddp_lab.course.models.make_mlp``) trains on, and ``BucketRecorder``, a communication
+hook that does what DDP does by default (average the bucket with one all-reduce) and writes
+down every bucket it sees.
 
 DDP's Reducer (C++) groups gradients into buckets and all-reduces a bucket as soon as all
 its gradients are ready. A communication hook replaces that all-reduce, so it is the one
@@ -11,45 +12,14 @@ it became ready. ``torch.distributed.algorithms.ddp_comm_hooks`` documents the i
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from ddp_lab.course.models import MLPConfig
 from ddp_lab.launch.backends import cuda_backend
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    """A stack of Linear layers (ReLU between them): ``depth`` layers in all, ``width``
-    features inside. Layers are named fc0, fc1, ... so buckets read like the model."""
-
-    inputs: int = 64
-    width: int = 256
-    depth: int = 4
-    outputs: int = 1
-
-    def layer_shapes(self) -> list[tuple[int, int]]:
-        sizes = [self.inputs] + [self.width] * (self.depth - 1) + [self.outputs]
-        return list(zip(sizes[:-1], sizes[1:]))
-
-    @property
-    def parameters(self) -> int:
-        return sum(i * o + o for i, o in self.layer_shapes())
-
-
-def make_mlp(config: MLPConfig, seed: int = 0) -> nn.Sequential:
-    """The same weights on every rank and in a single-process reference (seeded)."""
-    torch.manual_seed(seed)
-    layers = OrderedDict()
-    for k, (fan_in, fan_out) in enumerate(config.layer_shapes()):
-        layers[f"fc{k}"] = nn.Linear(fan_in, fan_out)
-        if k < config.depth - 1:
-            layers[f"act{k}"] = nn.ReLU()
-    return nn.Sequential(layers)
 
 
 def regression_data(config: MLPConfig, samples: int, seed: int = 1):
