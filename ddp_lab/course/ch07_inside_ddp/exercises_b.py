@@ -21,7 +21,7 @@ from collections import Counter
 
 from ddp_lab.course.ch07_inside_ddp.capstone_trial import (BUCKET_MB, STEPS, CapstoneNet,
                                                            locally_unused, run_trial)
-from ddp_lab.exercises.driver import WORLD_SIZES, new_seed, run_ranks
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, new_seed
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 from ddp_lab.scratch.ddp import DDP
@@ -49,18 +49,24 @@ def check_your_own_ddp(cls) -> str:
         for bucket_mb in VARIANTS[n]:
             label = "None" if bucket_mb is None else f"{bucket_mb:.6f}"
             where = f"{on(n, seed)}, bucket_mb={label}"
-            results = run_ranks(run_trial, n, (cls, seed, bucket_mb, late_rank, late_s),
-                                where=where, hang_hint=HANG_HINT, timeout=15)
-            for rank, result in enumerate(results):
-                _judge_construction(where, rank, result["constructed"])
-            for rank, result in enumerate(results):
-                _judge_steps(where, rank, result, bucket_mb, late_s)
-            for rank, result in enumerate(results):
-                _judge_accumulation(where, rank, result)
+            each_world(run_trial, (cls, seed, bucket_mb, late_rank, late_s), seed=seed,
+                       sizes=(n,), place=lambda n, where=where: where, hang_hint=HANG_HINT,
+                       timeout=15, judge_world=lambda results, n, where=where, mb=bucket_mb:
+                       _judge_variant(results, where, mb, late_s))
     no_sync = "no_sync() as torch's" if hasattr(cls, "no_sync") else "(no no_sync() to check)"
     return (f"torch's DDP gradients and parameters after {STEPS} steps with frozen, unused and "
             f"float16 parameters; one all-reduce per bucket, in order, issued during backward "
             f"without waiting; {no_sync}; on 1-4 ranks (seed {seed})")
+
+
+def _judge_variant(results: list, where: str, bucket_mb, late_s: float) -> None:
+    """Every rank's construction first, then every rank's steps, then accumulation."""
+    for rank, result in enumerate(results):
+        _judge_construction(where, rank, result["constructed"])
+    for rank, result in enumerate(results):
+        _judge_steps(where, rank, result, bucket_mb, late_s)
+    for rank, result in enumerate(results):
+        _judge_accumulation(where, rank, result)
 
 
 def _judge_construction(where: str, rank: int, difference) -> None:
