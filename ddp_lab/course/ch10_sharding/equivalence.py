@@ -18,6 +18,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_lab import scratch
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.one_process import one_process_training
 
 
@@ -35,13 +36,16 @@ class TrainConfig:
     lr: float = 0.02
     seed: int = 0
 
+    @property
+    def mlp(self) -> MLPConfig:
+        return MLPConfig(inputs=self.inputs, width=self.width, depth=self.hidden_layers + 2,
+                         outputs=self.outputs)
+
 
 def make_model(config: TrainConfig) -> nn.Sequential:
-    torch.manual_seed(config.seed)
-    layers = [nn.Linear(config.inputs, config.width), nn.ReLU()]
-    for _ in range(config.hidden_layers):
-        layers += [nn.Linear(config.width, config.width), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(config.width, config.outputs))
+    """The course's seeded MLP, layers named by index (0, 1, 2, ...: the names FSDP's state
+    dicts and the sharding figures use)."""
+    return make_mlp(config.mlp, config.seed, names=False)
 
 
 def global_batch(config: TrainConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,30 +15,37 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ddp_lab import scratch
 from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.course.models import MLPConfig, make_mlp
 
 
 @dataclass(frozen=True)
-class MLPConfig:
+class TPConfig:
+    """The two-layer MLP dim -> hidden -> dim that tensor parallel splits (the course's
+    seeded MLP, layers named by index as ``parallelize_module``'s plan names them), and the
+    batch it runs on."""
+
     dim: int = 16
     hidden: int = 64   # divides by 1, 2 and 4 tensor-parallel ranks
     batch: int = 8
     seed: int = 0
 
+    @property
+    def mlp(self) -> MLPConfig:
+        return MLPConfig(inputs=self.dim, width=self.hidden, depth=2, outputs=self.dim)
 
-def make_mlp(config: MLPConfig) -> nn.Sequential:
-    torch.manual_seed(config.seed)
-    return nn.Sequential(nn.Linear(config.dim, config.hidden), nn.ReLU(),
-                         nn.Linear(config.hidden, config.dim))
+    def model(self) -> nn.Sequential:
+        """Linear(dim, hidden) - ReLU - Linear(hidden, dim), seeded: the same on every rank."""
+        return make_mlp(self.mlp, self.seed, names=False)
 
 
-def make_input(config: MLPConfig, step: int = 0) -> torch.Tensor:
+def make_input(config: TPConfig, step: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(100 + step)
     return torch.randn(config.batch, config.dim, generator=g)
 
 
-def unsharded(config: MLPConfig = MLPConfig()) -> dict:
+def unsharded(config: TPConfig = TPConfig()) -> dict:
     """The reference: output, input gradient and weight gradients of the whole MLP."""
-    model = make_mlp(config)
+    model = config.model()
     x = make_input(config).requires_grad_()
     out = model(x)
     out.square().mean().backward()
@@ -46,7 +53,7 @@ def unsharded(config: MLPConfig = MLPConfig()) -> dict:
             "grads": {k: p.grad for k, p in model.named_parameters()}}
 
 
-def _run_traced(model: nn.Module, config: MLPConfig) -> dict:
+def _run_traced(model: nn.Module, config: TPConfig) -> dict:
     x = make_input(config).requires_grad_()
     with CollectiveTrace(dist.get_world_size()) as forward:
         out = model(x)
@@ -66,9 +73,9 @@ def _full_grads(model: nn.Module) -> dict:
     return grads
 
 
-def scratch_tp(config: MLPConfig = MLPConfig()) -> dict:
+def scratch_tp(config: TPConfig = TPConfig()) -> dict:
     """The scratch column-then-row parallel MLP; weight gradients gathered from the ranks."""
-    full = make_mlp(config)
+    full = config.model()
     model = nn.Sequential(scratch.ColumnParallelLinear(full[0]), nn.ReLU(),
                           scratch.RowParallelLinear(full[2]))
     result = _run_traced(model, config)
@@ -86,12 +93,12 @@ def _gather(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat(pieces, dim=dim)
 
 
-def torch_tp(config: MLPConfig = MLPConfig()) -> dict:
+def torch_tp(config: TPConfig = TPConfig()) -> dict:
     """The same MLP through ``parallelize_module``: layer 0 colwise, layer 2 rowwise."""
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    model = parallelize_module(make_mlp(config), mesh,
+    model = parallelize_module(config.model(), mesh,
                                {"0": ColwiseParallel(), "2": RowwiseParallel()})
     result = _run_traced(model, config)
     result["local_shapes"] = {k: tuple(p.to_local().shape) for k, p in model.named_parameters()}
@@ -99,5 +106,5 @@ def torch_tp(config: MLPConfig = MLPConfig()) -> dict:
     return result
 
 
-def both(config: MLPConfig = MLPConfig()) -> dict:
+def both(config: TPConfig = TPConfig()) -> dict:
     return {"scratch": scratch_tp(config), "torch": torch_tp(config)}

@@ -15,33 +15,33 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ddp_lab.course.ch11_meshes.meshes import make_mesh
+from ddp_lab.course.ch11_meshes.tensor_parallel import TPConfig
 from ddp_lab.course.one_process import one_process_training
-from ddp_lab.course.ch11_meshes.tensor_parallel import MLPConfig, make_mlp
 
-TRAIN = MLPConfig(dim=16, hidden=64, batch=8)
+TRAIN = TPConfig(dim=16, hidden=64, batch=8)
 STEPS, LR = 3, 0.05
 
 
-def global_batch(config: MLPConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(config: TPConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7 + step)
     return (torch.randn(config.batch, config.dim, generator=g),
             torch.randn(config.batch, config.dim, generator=g))
 
 
-def reference(config: MLPConfig = TRAIN, steps: int = STEPS) -> dict:
+def reference(config: TPConfig = TRAIN, steps: int = STEPS) -> dict:
     """One process, the whole batch, SGD: losses and final parameters."""
-    model = make_mlp(config)
+    model = config.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     return one_process_training(model, optimizer, (global_batch(config, s) for s in range(steps)))
 
 
-def train_2d(config: MLPConfig = TRAIN, steps: int = STEPS) -> dict:
+def train_2d(config: TPConfig = TRAIN, steps: int = STEPS) -> dict:
     """On each rank of a 2 x 2 mesh: the global losses and the full final parameters."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
     mesh = make_mesh()
-    model = parallelize_module(make_mlp(config), mesh["tp"],
+    model = parallelize_module(config.model(), mesh["tp"],
                                {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
