@@ -10,6 +10,10 @@ To count what really goes over the wire, ``counting_all_reduce`` wraps
 ``torch.distributed.all_reduce`` while it is active: the built-in hooks call it from
 Python, so every call they make is counted and then really run. (DDP without a hook calls
 the process group from C++, out of its sight; ``allreduce_hook`` does the same in Python.)
+Why not ``CollectiveTrace``, the course's dispatcher-level instrument: a dispatch mode is
+thread-local, and PowerSGD issues its P and Q all-reduces from ``Future.then`` callbacks,
+which run on gloo's worker thread whenever the previous all-reduce is still in flight; the
+trace misses those (in a 4-step run it saw 2080 of step 2's 6464 bytes), the patch does not.
 """
 
 from __future__ import annotations
