@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 # The ring and the Link it talks through are scratch's: the one home of the ring.
-from ddp_lab.scratch.ring import Link, _flat, _ring_phase, _write_back, ring_all_reduce  # noqa: F401
+from ddp_lab.scratch.ring import (Link, _flat, _ring_phase, _write_back,  # noqa: F401
+                                  ring_all_reduce)
 
 
 def reduce_broadcast(tensor: torch.Tensor, group=None, link: Link | None = None):
