@@ -11,15 +11,19 @@ before it runs (the exercises switch off what they ask the learner to build). DD
 is seen too: its default all-reduce reaches the dispatcher as ``c10d::allreduce_`` (checked
 in tests/course/test_sharding.py, one call per bucket).
 
-An op on a DTensor is watched through what DTensor makes of it (the trace defers to the
-subclass and sees the collectives it issues). Only the calling thread is watched (dispatch modes are thread-local), and autograd's
-backward on CPU runs there too, so collectives issued in backward are counted. Each call is
-recorded once, as the op the caller reached: the ``c10d`` op a functional collective issues runs
+The mode is per thread: it watches the thread that enters it, where autograd's backward on
+CPU runs too (collectives issued in backward are counted), and a callback chained on a
+Future (``.then``), on whatever thread torch runs it (``_follow_future_callbacks``). An op on a
+DTensor is watched through what DTensor makes of it (the trace defers to the subclass and sees
+the collectives it issues). Each call is recorded once, as the op the caller reached: the
+``c10d`` op a functional collective issues runs
 inside this mode's handler, where the mode is off.
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +107,42 @@ class CollectiveCall:
         return self.nbytes * (n - 1) / n * (2 if self.name in ALL_REDUCES else 1)
 
 
+# TorchDispatchMode's per-instance stacks of saved flags (torch/utils/_python_dispatch.py):
+# a follower gets its own.
+FLAG_STACKS = ("old_dispatch_mode_flags", "old_non_infra_dispatch_mode_flags",
+               "old_without_ignore_compile_internals_dispatch_mode_flags")
+
+
+def _follow_future_callbacks(trace: "CollectiveTrace"):
+    """While ``trace`` is on, a callback given to ``Future.then`` or ``add_done_callback``
+    runs watched: torch runs it on the thread that completes the future (gloo's worker
+    thread, when the collective is still going: PowerSGD's hook issues its all-reduces from
+    such callbacks, torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py), where the
+    mode, a per-thread stack, is not. Returns what puts the methods back."""
+    original_then, original_add = torch._C.Future.then, torch._C.Future.add_done_callback
+
+    def then(future, callback):
+        return original_then(future, _watched(trace, callback))
+
+    def add_done_callback(future, callback):
+        return original_add(future, _watched(trace, callback))
+
+    torch._C.Future.then, torch._C.Future.add_done_callback = then, add_done_callback
+
+    def restore():
+        torch._C.Future.then, torch._C.Future.add_done_callback = original_then, original_add
+    return restore
+
+
+def _watched(trace: "CollectiveTrace", callback):
+    def run(future):
+        if threading.get_ident() == trace._owner:  # inline, where the trace is on already
+            return callback(future)
+        with trace.follower():
+            return callback(future)
+    return run
+
+
 def _short(func) -> str:
     return func.__name__.split(".")[0]
 
@@ -131,6 +171,31 @@ class CollectiveTrace(TorchDispatchMode):
         self.world_size = world_size if world_size is not None else dist.get_world_size()
         self.forbid, self.why = frozenset(forbid), why
         self.calls: list[CollectiveCall] = []
+        self._owner = None        # the thread that entered the trace
+        self._restore = None      # puts Future's callback methods back
+        self._following = False   # a copy that watches a callback's thread
+
+    def __enter__(self):
+        entered = super().__enter__()
+        self._owner = threading.get_ident()
+        if not self._following:
+            self._restore = _follow_future_callbacks(self)
+        return entered
+
+    def __exit__(self, *exc_info):
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
+        return super().__exit__(*exc_info)
+
+    def follower(self) -> CollectiveTrace:
+        """The same trace for another thread: it records into the same ``calls`` and refuses
+        the same families (a mode is entered per thread; this copy has its own stack state)."""
+        follower = copy.copy(self)
+        for name in FLAG_STACKS:
+            follower.__dict__.pop(name, None)
+        follower._following, follower._restore = True, None
+        return follower
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if isinstance(func, torch._ops.HigherOrderOperator):
