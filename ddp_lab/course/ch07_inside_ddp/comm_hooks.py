@@ -6,14 +6,11 @@ bucket's new (averaged) content. Built in: ``default_hooks.allreduce_hook`` (wha
 anyway), ``fp16_compress_hook`` (send half the bytes), ``powerSGD_hook`` (send low-rank
 factors, Vogels et al. 2019). ``int8_hook`` below is a custom one.
 
-To count what really goes over the wire, ``counting_all_reduce`` wraps
-``torch.distributed.all_reduce`` while it is active: the built-in hooks call it from
-Python, so every call they make is counted and then really run. (DDP without a hook calls
-the process group from C++, out of its sight; ``allreduce_hook`` does the same in Python.)
-Why not ``CollectiveTrace``, the course's dispatcher-level instrument: a dispatch mode is
-thread-local, and PowerSGD issues its P and Q all-reduces from ``Future.then`` callbacks,
-which run on gloo's worker thread whenever the previous all-reduce is still in flight; the
-trace misses those (in a 4-step run it saw 2080 of step 2's 6464 bytes), the patch does not.
+To count what really goes over the wire, ``counting_all_reduce`` watches every all-reduce
+issued while it is active with ``CollectiveTrace``, the course's dispatcher-level instrument:
+the hooks' own calls, however they reach the process group, and those PowerSGD issues from
+``Future.then`` callbacks on gloo's worker thread (the trace follows them there). DDP without
+a hook counts too: its Reducer's all-reduce reaches the dispatcher as well.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.course.ch07_inside_ddp.workload import hook_device, rank_slice, regression_data
+from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.params import device_ids
 
@@ -36,20 +34,12 @@ HOOK_MODEL = MLPConfig(inputs=64, width=256, depth=3, outputs=8)
 
 @contextmanager
 def counting_all_reduce():
-    """Yield {"calls", "bytes"}: every ``dist.all_reduce`` made while active, counted."""
+    """Yield {"calls", "bytes"}: the all-reduces issued while active, filled in on leaving."""
     counts = {"calls": 0, "bytes": 0}
-    real = dist.all_reduce
-
-    def counted(tensor, *args, **kwargs):
-        counts["calls"] += 1
-        counts["bytes"] += tensor.numel() * tensor.element_size()
-        return real(tensor, *args, **kwargs)
-
-    dist.all_reduce = counted
-    try:
+    with CollectiveTrace() as trace:
         yield counts
-    finally:
-        dist.all_reduce = real
+    all_reduces = trace.of("all_reduce")
+    counts.update(calls=len(all_reduces), bytes=sum(call.nbytes for call in all_reduces))
 
 
 def int8_hook(process_group, bucket):
