@@ -75,3 +75,12 @@ def test_detail_adds_a_monitored_barrier_and_two_all_gathers_per_collective():
         # the monitored barrier: rank 0 hears from every other rank and answers each
         assert calls["DETAIL"].count("gloo:send") == calls["DETAIL"].count("gloo:recv") == (
             2 if rank == 0 else 1)
+
+
+def test_an_object_collective_runs_two_all_gathers_of_more_bytes():
+    traffic = ddp_lab.run(costs.object_vs_tensor_traffic, 3, kwargs={"numel": 1000},
+                          echo=False).values[0]
+    assert traffic["all_gather(tensor)"] == (1, 3 * 1000 * 4)
+    assert traffic["all_gather_object(list of floats)"][0] == 2
+    assert traffic["all_gather_object(list of floats)"][1] > 2 * 3 * 1000 * 4
+    assert traffic["pickle.dumps + loads only"] == (0, 0)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.ch03_collectives.collectives import ROOT, rank_values
+from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.launch.errors import short_message
 
 
@@ -49,6 +50,23 @@ def _median_seconds(fn, repeats: int) -> float:
 
 def object_vs_tensor_cost(numel: int = 10_000, repeats: int = 10) -> dict:
     """Seconds per call for the same numbers as a tensor and as a Python object."""
+    return {name: _median_seconds(fn, repeats) for name, fn in _object_cases(numel).items()}
+
+
+def object_vs_tensor_traffic(numel: int = 10_000) -> dict:
+    """What each case sends, whatever the machine: {case: (all-gathers, bytes)}. An object
+    collective pickles, then all-gathers the sizes and then the padded bytes
+    (``all_gather_object``, torch/distributed/distributed_c10d.py)."""
+    found = {}
+    for name, fn in _object_cases(numel).items():
+        with CollectiveTrace() as trace:
+            fn()
+        gathers = trace.of("all_gather")
+        found[name] = (len(gathers), sum(call.whole_nbytes for call in gathers))
+    return found
+
+
+def _object_cases(numel: int) -> dict:
     world = dist.get_world_size()
     data = torch.randn(numel)
     as_list = data.tolist()
@@ -60,7 +78,7 @@ def object_vs_tensor_cost(numel: int = 10_000, repeats: int = 10) -> dict:
                                                                             as_list),
         "pickle.dumps + loads only": lambda: pickle.loads(pickle.dumps(as_list)),
     }
-    return {name: _median_seconds(fn, repeats) for name, fn in cases.items()}
+    return cases
 
 
 def cat_all_gather(tensors: list) -> list:
