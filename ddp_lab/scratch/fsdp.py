@@ -17,6 +17,20 @@ parameters (a "unit", here every such submodule):
   ``backward()`` and ``optimizer.step()``.
 
 ``full_state_dict(model)`` gathers the full parameters back into an ordinary state dict.
+
+What it leaves out, on purpose (torch's ``fully_shard`` does each):
+- only a gathered weight itself is swapped for a token when autograd saves it (matched by
+  its storage in ``_pack``); a tensor made from it with storage of its own (a cast under
+  ``torch.autocast``, a ``.contiguous()`` copy) is saved whole until backward: memory, not
+  correctness;
+- buffers are neither broadcast at construction nor cast to ``compute_dtype``: start every
+  rank from the same buffers (the same seed), as the course's models do;
+- each shard's ``.grad`` is set by ``sync_gradients()``, by hand: parameter hooks,
+  ``torch.autograd.grad`` and an optimizer step inside backward do not see it;
+- ``model.state_dict()`` holds the flat shards (``shards.0``, ...), not the module's names:
+  ``full_state_dict`` is the way back to them;
+- the all-gathers block and nothing is prefetched (notebook 10, section 7, measures what
+  prefetching buys on a slow link).
 """
 
 from __future__ import annotations

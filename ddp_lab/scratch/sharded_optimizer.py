@@ -7,6 +7,12 @@ parameter; instead each parameter has one owner, only the owner runs the optimiz
 The parameters are split greedily by size, the same idea as torch's
 ``ZeroRedundancyOptimizer`` (torch/distributed/optim/zero_redundancy_optimizer.py,
 ``_partition_parameters``), so each rank holds about 1/world_size of the state.
+
+What it leaves out: it is no ``torch.optim.Optimizer`` (no ``param_groups``, ``state_dict`` or
+``load_state_dict``, so no learning-rate scheduler and no checkpoint of its state; torch's
+``ZeroRedundancyOptimizer`` has them, with ``consolidate_state_dict`` to gather the state on
+one rank), and it broadcasts one parameter at a time, where ``ZeroRedundancyOptimizer`` can
+pack each rank's parameters into one buffer (``parameters_as_bucket_view=True``).
 """
 
 from __future__ import annotations
