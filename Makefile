@@ -35,10 +35,10 @@ course: setup
 	$(BIN)/ddp-lab notebooks
 
 # Two pytest-xdist workers: most tests wait on processes, sockets and timeouts more than they
-# compute. One worker takes the notebooks and the browser in turn (the "notebooks" group),
-# the other the rest; tests/conftest.py keeps their leak checks apart (MachineLock).
+# compute. Each worker takes whole test files (the notebooks' file first, on one worker);
+# tests/conftest.py keeps their leak checks apart (MachineLock).
 WORKERS ?= 2
-XDIST := -n $(WORKERS) --dist loadgroup
+XDIST := -n $(WORKERS) --dist loadfile
 
 test: setup
 	$(BIN)/python -m pytest -q $(XDIST)

@@ -22,7 +22,6 @@ while no other test does (:class:`MachineLock`).
 from __future__ import annotations
 
 import fcntl
-import functools
 import glob
 import os
 import signal
@@ -112,31 +111,19 @@ def pytest_configure(config):
         os.environ["DDP_LAB_STRESS_RUNS"] = str(config.getoption("--stress-runs"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist groups
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     """The integration tier measured slow (tests/slow.py) gets its marker here. The notebooks
-    and the browser go first, as one xdist group: one worker runs them one after another
-    (about half of the suite's time) while the other runs everything else; two notebooks at
-    once on two cores would slow both past what their cells allow. Files that run the DDP
-    tutorial's code as published bind its fixed MASTER_PORT: one worker runs them in turn."""
+    and the browser go first: `make test` hands whole files to its two workers
+    (``--dist loadfile``), so one worker runs the notebooks one after another (about half of
+    the suite's time) from the start while the other runs the rest; two notebooks at once
+    on two cores would slow both past what their cells allow. Whole files also keep the
+    tests that bind the DDP tutorial's fixed port (12355) one after another."""
     for item in items:
         if is_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("notebooks") or item.get_closest_marker("browser"):
-            item.add_marker(pytest.mark.xdist_group("notebooks"))
-        elif _uses_the_tutorial_port(item.path):
-            item.add_marker(pytest.mark.xdist_group("tutorial-port"))
     items.sort(key=lambda item: not (item.get_closest_marker("notebooks")
                                      or item.get_closest_marker("browser")))
-
-
-@functools.lru_cache(maxsize=None)
-def _uses_the_tutorial_port(path) -> bool:
-    """Whether a test file holds the DDP tutorial's hard-coded port (two at once collide)."""
-    return TUTORIAL_PORT in path.read_text()
-
-
-TUTORIAL_PORT = "'12355'"  # https://pytorch.org/tutorials/intermediate/ddp_tutorial.html
 
 
 def pytest_addoption(parser):
