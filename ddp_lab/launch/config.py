@@ -87,6 +87,8 @@ class RunFiles:
     def __init__(self, run_dir: str | os.PathLike):
         self.dir = Path(run_dir)
         self.payload = self.dir / "payload.pkl"
+        # the live call a stop-button SIGINT is meant for (live/session.py writes it first)
+        self.interrupted_call = self.dir / "interrupted_call"
 
     def result(self, rank: int) -> Path:
         return self.dir / f"rank{rank}.result.pkl"

@@ -27,16 +27,27 @@ NEVER = float("inf")
 
 
 class _CallGuard:
-    """SIGINT raises KeyboardInterrupt only while a call's code runs."""
+    """SIGINT raises KeyboardInterrupt only while a call's code runs, and only the call the
+    kernel meant: its SIGINT travels through the fork server and may land after that call
+    has replied, in the next one; the kernel writes the call's number first
+    (``RunFiles.interrupted_call``). A SIGINT with no number written (``kill -INT``) counts."""
 
-    def __init__(self):
+    def __init__(self, files: RunFiles):
         self.busy = False
+        self.seq = None
+        self.files = files
         signal.signal(signal.SIGINT, self._on_sigint)
 
     def _on_sigint(self, signum, frame) -> None:
-        if self.busy:
+        if self.busy and self._meant_for_this_call():
             self.busy = False  # once: the handler's own clean-up must not be interrupted
             raise KeyboardInterrupt
+
+    def _meant_for_this_call(self) -> bool:
+        try:
+            return int(self.files.interrupted_call.read_text()) == self.seq
+        except (OSError, ValueError):
+            return True
 
 
 def serve_calls(spec, calls_fd: int, replies_fd: int) -> int:
@@ -57,7 +68,7 @@ def serve(spec, calls_fd: int, replies_fd: int) -> int:
     streams are handled as the one-shot rank's (rank/main.py: one home for each); the
     first reply says the group is ready."""
     namespace = fresh_namespace(spec.rank, spec.world_size)
-    guard = _CallGuard()
+    guard = _CallGuard(RunFiles(spec.run_dir))
     send(replies_fd, Reply(0, spec.rank, "ok", cloudpickle.dumps(None)), NEVER)
     while True:
         try:
@@ -83,7 +94,7 @@ def fresh_namespace(rank: int, world_size: int) -> dict:
 
 def _answer(call: Call, rank: int, namespace: dict, guard: _CallGuard) -> Reply:
     try:
-        guard.busy = True
+        guard.seq, guard.busy = call.seq, True
         value = HANDLERS[call.kind](call.body, namespace, rank)
         guard.busy = False
         return Reply(call.seq, rank, "ok", _dumps_value(to_cpu(value)))

@@ -181,6 +181,9 @@ class LiveSession(Session):
                 self.lost = f"rank {call.died[0]} died at the interrupt"
 
     def _interrupt(self, call: CallState) -> None:
+        marked = self.files.interrupted_call.with_suffix(".new")
+        marked.write_text(str(call.seq))  # first: the ranks check it when the SIGINT lands
+        os.replace(marked, self.files.interrupted_call)
         for rank in call.pending:
             self.server.signal(self.ranks[rank].pid, signal.SIGINT)
         until = time.monotonic() + INTERRUPT_WAIT_S
