@@ -478,7 +478,7 @@ MUTANTS = [
     ("09.hierarchical_all_reduce", leaders_never_broadcast, "sum over all ranks"),
     ("08b.first_unjoined", shortest_record, "not the lengths"),
     # wrong where records are long enough; where a rank recorded nothing it trips on the
-    # empty list, and the check says so (which records a check draws is the seed's)
+    # empty list, and the check says so (which records a check draws, its seed number decides)
     ("08b.first_unjoined", last_common_seq, "one past the smallest last seq|recorded nothing"),
     ("08b.first_unjoined", ranks_that_joined, "expected"),
     ("08b.first_unjoined", newest_collective, "one past the smallest last seq"),
