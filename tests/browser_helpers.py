@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -59,6 +61,7 @@ class Lab:
     root: Path
     process: subprocess.Popen
     log: Path
+    sockets: Path   # the kernels' connection files and Unix sockets; removed by stop_lab
 
     def notebook_url(self, name: str) -> str:
         return f"{self.url}/lab/tree/{name}?token={self.token}"
@@ -102,6 +105,7 @@ def start_lab(root: Path, home: Path) -> Lab:
     """``python -m jupyter lab`` on a free loopback port; returns once /api/status answers."""
     _write_settings(home / "settings")
     port, token = free_port(), secrets.token_hex(16)
+    sockets = Path(tempfile.mkdtemp(prefix="ddp-lab-lab-"))
     log = home / "jupyter.log"
     command = [
         sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
@@ -109,12 +113,20 @@ def start_lab(root: Path, home: Path) -> Lab:
         f"--ServerApp.root_dir={root}", "--allow-root",  # CI runs as root
         f"--LabApp.user_settings_dir={home / 'settings'}",
         f"--LabApp.workspaces_dir={home / 'workspaces'}",  # no layout restored from a past run
+        # Unix sockets: no port to lose to another test (notebook_runner.OwnKernel says
+        # why), in a folder short enough for a socket's path (under home it is not).
+        "--KernelManager.transport=ipc",
     ]
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, env=_server_env(home), cwd=root,
+        env = dict(_server_env(home), JUPYTER_RUNTIME_DIR=str(sockets))
+        process = subprocess.Popen(command, env=env, cwd=root,
                                    stdout=out, stderr=subprocess.STDOUT)
-    lab = Lab(f"http://127.0.0.1:{port}", token, root, process, log)
-    _wait_until_up(lab, seconds=120)
+    lab = Lab(f"http://127.0.0.1:{port}", token, root, process, log, sockets)
+    try:
+        _wait_until_up(lab, seconds=120)
+    except BaseException:
+        stop_lab(lab)
+        raise
     return lab
 
 
@@ -153,6 +165,7 @@ def stop_lab(lab: Lab, seconds: float = 30) -> list[str]:
         lab.process.kill()
         lab.process.wait(10)
     _, alive = psutil.wait_procs(family, timeout=10)
+    shutil.rmtree(lab.sockets, ignore_errors=True)
     leftovers = [_describe(p) for p in alive]
     for process in alive:
         _kill(process)

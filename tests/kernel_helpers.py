@@ -7,14 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
 
-from ddp_lab.tools.notebook_runner import kernel_env
+from ddp_lab.tools.notebook_runner import OwnKernel, kernel_env
+
+
+class DrivenKernel(OwnKernel, KernelManager):
+    """The blocking manager tests drive message by message (OwnKernel says why)."""
 
 
 def start_kernel(cwd: Path):
-    manager = KernelManager(kernel_name="python3",
-                            kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    manager = DrivenKernel(kernel_name="python3")
     manager.start_kernel(env=kernel_env(), cwd=str(cwd),
                          extra_arguments=["--IPKernelApp.log_level=ERROR"])
     client = manager.client()

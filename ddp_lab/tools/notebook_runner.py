@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import site
+import tempfile
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -31,18 +33,41 @@ from ddp_lab.tools.solved import solved_copy, unsolved_checks
 Progress = Callable[[str], object]
 
 
-class CurrentInterpreterKernel(AsyncKernelManager):
-    """A kernel manager whose ``python3`` is always this interpreter's ipykernel.
+class OwnKernel:
+    """Traits for a kernel manager: this interpreter's ``python3``, over Unix sockets.
 
-    Why: a kernelspec in a user or system Jupyter folder (say ~/.local/share/jupyter, or
-    /usr/local/share/jupyter) would otherwise shadow it and run the notebooks in another
-    Python without this venv's torch and ddp_lab. With no kernel folders to search,
-    jupyter_client falls back to ipykernel's built-in spec, which launches sys.executable.
+    Why this interpreter: a kernelspec in a user or system Jupyter folder (say
+    ~/.local/share/jupyter, or /usr/local/share/jupyter) would otherwise shadow it and run
+    the notebooks in another Python without this venv's torch and ddp_lab. With no kernel
+    folders to search, jupyter_client falls back to ipykernel's built-in spec, which
+    launches sys.executable.
+    Why Unix sockets: over TCP, jupyter_client picks five free ports, closes them and
+    hands them to the kernel to bind; anything else on the machine that binds a free port
+    in between (a test's rendezvous, another kernel) takes one, and the kernel dies with
+    EADDRINUSE ("Kernel didn't respond in 60 seconds"). A socket file named after the
+    kernel's own connection file cannot be taken.
     """
 
     @default("kernel_spec_manager")
     def _kernel_spec_manager_default(self) -> KernelSpecManager:
         return KernelSpecManager(kernel_dirs=[])
+
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "ipc"
+
+    @default("connection_file")
+    def _connection_file_default(self) -> str:
+        """Absolute, so the kernel (started in the notebook's folder) finds the same
+        sockets, and short: the sockets are this name less ``.json`` plus ``-ipc-N``, and a
+        socket's path may hold 107 bytes (Jupyter's runtime folder under a long home may
+        not fit). The manager removes the file and the sockets when the kernel stops."""
+        name = f"ddp-lab-kernel-{uuid.uuid4().hex[:12]}.json"
+        return os.path.join(tempfile.gettempdir(), name)
+
+
+class CurrentInterpreterKernel(OwnKernel, AsyncKernelManager):
+    """The async manager nbclient drives (OwnKernel says why)."""
 
 
 def find_notebooks(notebook_dir: Path | str, pattern: str = "*.ipynb") -> list[Path]:
@@ -83,7 +108,7 @@ def _execute(nb, cwd: Path, timeout: float) -> tuple[int | None, Exception | Non
         kernel_name="python3",
         kernel_manager_class=CurrentInterpreterKernel,
         resources={"metadata": {"path": str(cwd)}},
-        # ipykernel >= 7 warns on every start that local TCP is unencrypted; errors still show.
+        # ipykernel >= 7 warns on every start that local sockets are unencrypted; errors show.
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
         on_cell_execute=lambda cell, cell_index: current.append(cell_index),
     )

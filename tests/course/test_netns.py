@@ -139,10 +139,10 @@ def test_two_nodes_two_workers_each_all_reduce_across_namespaces():
 def test_late_node_grows_the_world_and_the_job_resumes():
     # namespaces when possible, else the loopback stand-in: the same torchrun commands
     with multinode.local_cluster() as cluster:
-        grown = elastic.late_join(cluster, steps=30, step_s=0.2)
+        grown = elastic.late_join(cluster, steps=20, step_s=0.1)
     assert grown.agents.ok, grown.agents.summary()
     assert grown.world_sizes() == [2, 4]
-    assert grown.steps_done() == list(range(30))
+    assert grown.steps_done() == list(range(20))
     assert {v["world_size"] for v in grown.agents.values.values()} == {4}
     if cluster.separate:
         _assert_gone(cluster.hosts)

@@ -62,12 +62,14 @@ def time_buckets(config: SweepConfig = SweepConfig()) -> dict:
     steps["all-reduce only"] = _all_reduce_only(config)
     times = time_in_turns(steps, config.warmup, config.iterations)
     return {"ms": {n: statistics.median(t) * 1e3 for n, t in times.items()}, "times": times,
-            "buckets": {cap: _bucket_count(m) for cap, m in models.items()},
+            "buckets": {cap: bucket_count(m) for cap, m in models.items()},
             "caps": list(config.caps), "world_size": dist.get_world_size(),
             "gradient_mb": config.model.parameters * 4 / 1e6}
 
 
-def _bucket_count(ddp) -> int:
+def bucket_count(ddp) -> int:
+    """The buckets DDP uses from its second iteration on (it rebuilds them after the first,
+    in the order the gradients arrived)."""
     return len(ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from ddp_lab.course.ch07_inside_ddp.bucket_sweep import cap_label
+from ddp_lab.course.ch07_inside_ddp.bucket_sweep import bucket_count, cap_label
 from ddp_lab.course.ch07_inside_ddp.steps import ddp_step, plain_step
 from ddp_lab.course.models import MLPConfig
 from ddp_lab.course.timing import time_in_turns
@@ -82,27 +82,31 @@ def _powersgd_state():
 
 
 def _make_step(config: StepConfig, x, setting):
-    """The step ``setting`` names: no overlap or the computation alone (``plain_step``),
-    a hook on DDP, or DDP at a bucket cap (``ddp_step``)."""
+    """``(ddp or None, step)`` for the step ``setting`` names: no overlap or the computation
+    alone (``plain_step``), a hook on DDP, or DDP at a bucket cap (``ddp_step``)."""
     if setting in ("no overlap", "compute only"):
-        return plain_step(config.model, x, communicate=setting == "no overlap")
+        return None, plain_step(config.model, x, communicate=setting == "no overlap")
     if setting == "fp16 hook":
-        return ddp_step(config.model, x, HOOK_CAP, (None, default_hooks.fp16_compress_hook))[1]
+        return ddp_step(config.model, x, HOOK_CAP, (None, default_hooks.fp16_compress_hook))
     if setting == "PowerSGD hook":
         return ddp_step(config.model, x, POWERSGD_CAP,
-                        (_powersgd_state(), powerSGD_hook.powerSGD_hook))[1]
-    return ddp_step(config.model, x, setting)[1]
+                        (_powersgd_state(), powerSGD_hook.powerSGD_hook))
+    return ddp_step(config.model, x, setting)
 
 
 def step_times(config: StepConfig = StepConfig(), lessons: tuple = LESSONS) -> dict:
-    """On each rank: {"ms": {setting: fastest step in ms}, ...} for every setting of
-    ``lessons``, each built once (caps first, then "no overlap", "compute only", the hooks)."""
+    """On each rank: {"ms": {setting: fastest step in ms}, "buckets": {cap: buckets DDP
+    built}, ...} for every setting of ``lessons``, each built once (caps first, then
+    "no overlap", "compute only", the hooks)."""
     x = torch.randn(config.batch, config.model.inputs,
                     generator=torch.Generator().manual_seed(dist.get_rank()))
     names = dict.fromkeys(s for lesson in lessons for s in settings(config, lesson))
-    steps = {name: _make_step(config, x, name) for name in names}
-    times = time_in_turns(steps, config.warmup, config.iterations)
+    built = {name: _make_step(config, x, name) for name in names}
+    times = time_in_turns({name: step for name, (_, step) in built.items()},
+                          config.warmup, config.iterations)
     return {"ms": {name: min(t) * 1e3 for name, t in times.items()},
+            "buckets": {cap: bucket_count(built[cap][0])
+                        for cap in config.caps if cap in built},
             "caps": list(config.caps), "lessons": list(lessons),
             "gradient_mb": config.model.parameters * 4 / 1e6}
 
