@@ -4,8 +4,9 @@ attention.
 The learner writes ``online_softmax_step(acc, m, l, scores, v)``. The check runs
 ``scratch.ring_attention``'s own ring on 1 to 4 ranks with the learner's step in place of
 the reference, on random shapes, causal and not, and with scores large enough that
-``exp(score)`` overflows float32, then compares each rank's output rows and each row's
-normalizer ``m + log(l)`` with attention over the whole sequence in one process. The scratch
+``exp(score)`` overflows float32; it checks each step's ``m`` against the exact running
+maximum, then compares each rank's output rows and each row's normalizer ``m + log(l)``
+with attention over the whole sequence in one process. The scratch
 step is switched off however it is imported (its code object refuses while the check runs),
 and a step that returns something other than three tensors shaped like (acc, m, l) hears so.
 """
@@ -50,8 +51,27 @@ def _checked(fn):
                 or [tuple(t.shape) for t in out] != shapes):
             raise TypeError(f"online_softmax_step must return (acc, m, l): three tensors of "
                             f"shapes {shapes}, got {_kind(out)}")
+        want_m = torch.maximum(m, scores.amax(-1))
+        if not torch.equal(out[1], want_m):
+            raise ValueError(_wrong_maximum(out[1], want_m, scores))
         return out
     return step
+
+
+def _wrong_maximum(got, want, scores) -> str:
+    """What a step's wrong m is, in words: a maximum is exact, so any other m is a mistake
+    this says on every seed (not only where it happens to underflow or overflow)."""
+    if not got.any():
+        how = ", not 0: without it exp() of a score in the hundreds overflows"
+    elif not got.ne(got.flatten()[0]).any() and want.ne(want.flatten()[0]).any():
+        how = ", not one number for the whole block"
+    elif torch.equal(got, scores.amax(-1)):
+        how = ", not this block's maximum alone (the old m belongs in it)"
+    else:
+        how = ""
+    return ("m must be the running maximum of each row: torch.maximum(m, scores.amax(-1)), "
+            f"the old m and this block's largest score over the keys (the last dimension){how}. "
+            "Subtract it before exp, and rescale the old acc and l by exp(m_old - m_new)")
 
 
 def _kind(value) -> str:
