@@ -6,8 +6,8 @@ is a list of ``(seq, collective)`` entries, the collectives that rank issued, by
 number. The records are random per check: world sizes 1-8, a ring buffer that has dropped
 each rank's oldest entries (so the lists start at different seqs and their lengths say
 nothing), ranks that joined the stuck collective and went on with async ones, and on every
-check ranks stuck at the very first collective (their records are empty). A pure
-function, checked in this process.
+check full buffers of equal lengths with ranks behind, and ranks stuck at the very first
+collective (their records are empty). A pure function, checked in this process.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def random_records(rng: random.Random, first_collective_stuck: bool = False):
     ranks not in ``missing`` also k (and, when some rank is stuck, maybe a few async ones
     after), each record cut to its newest ``capacity`` entries like a ring buffer. With
     ``first_collective_stuck`` the very first collective is the stuck one: the missing ranks'
-    records are empty."""
+    records are empty; without it every record holds an entry (k >= 2), so a wrong answer
+    meets its own mistake before the empty record that the check's last trial draws."""
     world = rng.randint(2, 8) if first_collective_stuck else rng.randint(1, 8)
-    k = 1 if first_collective_stuck else rng.randint(1, 12)
+    k = 1 if first_collective_stuck else rng.randint(2, 12)
     names = {seq: rng.choice(NAMES) for seq in range(1, k + 4)}
     least = 1 if first_collective_stuck else 0
     missing = sorted(rng.sample(range(world), rng.randint(least, world - 1))) if world > 1 \
@@ -63,11 +64,31 @@ def random_records(rng: random.Random, first_collective_stuck: bool = False):
     return records, answer
 
 
+def full_buffers(rng: random.Random):
+    """Records whose ring buffers are all full, so every list has the same length, while some
+    ranks are one collective behind: the case where lengths look level and are not. Random
+    trials draw it too rarely to count on (a check passed such an answer about once in 100)."""
+    world, capacity = rng.randint(2, 8), rng.randint(2, 6)
+    k = rng.randint(capacity + 1, 12)
+    names = {seq: rng.choice(NAMES) for seq in range(1, k + 1)}
+    missing = sorted(rng.sample(range(world), rng.randint(1, world - 1)))
+    records = {rank: [(seq, names[seq]) for seq in range(last + 1 - capacity, last + 1)]
+               for rank, last in ((r, k - 1 if r in missing else k) for r in range(world))}
+    return records, (k, names[k], missing)
+
+
+def _trials(rng: random.Random):
+    """The check's records in order: full buffers first, then random ones, the last with
+    ranks stuck at the very first collective (empty records)."""
+    yield full_buffers(rng)
+    for trial in range(TRIALS):
+        yield random_records(rng, first_collective_stuck=trial == TRIALS - 1)
+
+
 def check_first_unjoined(fn) -> str:
     seed = new_seed()
     rng = random.Random(seed)
-    for trial in range(TRIALS):
-        records, want = random_records(rng, first_collective_stuck=trial == TRIALS - 1)
+    for records, want in _trials(rng):
         copy = {rank: list(entries) for rank, entries in records.items()}
         try:
             got = fn(copy)
@@ -85,7 +106,8 @@ def check_first_unjoined(fn) -> str:
                 f"{want!r}, got {got!r}. The ring buffer keeps only the newest entries, so "
                 "compare the LAST seq of each rank, not the lengths; the stuck collective is "
                 "one past the smallest last seq; None when all ranks are level.")
-    return f"the stuck collective and its missing ranks in {TRIALS} random records (seed {seed})"
+    return (f"the stuck collective and its missing ranks in {TRIALS + 1} records: full "
+            f"buffers, then random ones (seed {seed})")
 
 
 def _normal(got):

@@ -77,12 +77,29 @@ def expected_gpu(visible, local_rank: int, gpus: int):
     return seen[local_rank] if local_rank < len(seen) else None
 
 
+def leading_digits_setting(rng: random.Random):
+    """``(gpus, visible, local_rank)`` with a typo torch reads by its leading digits
+    ("2gpu" is 2) in the middle of the list, and a local rank at or after it: the case
+    where reading only whole numbers goes wrong. Random settings draw it too rarely to
+    count on (a check passed such an answer about once in 300)."""
+    gpus = rng.randint(3, 8)
+    first, typo, last = rng.sample(range(gpus), 3)
+    visible = f"{first},{rng.choice(('{k}gpu', '{k}a')).format(k=typo)},{last}"
+    return gpus, visible, rng.choice((1, 2))
+
+
+def _trials(rng: random.Random):
+    """The check's settings in order: the leading-digits typo first, then random ones."""
+    yield leading_digits_setting(rng)
+    for _ in range(TRIALS):
+        gpus = rng.randint(1, 8)
+        yield gpus, random_setting(rng, gpus), rng.randint(0, 3)
+
+
 def check_physical_gpu(fn) -> str:
     seed = new_seed()
     rng = random.Random(seed)
-    for _ in range(TRIALS):
-        gpus = rng.randint(1, 8)
-        visible, local_rank = random_setting(rng, gpus), rng.randint(0, 3)
+    for gpus, visible, local_rank in _trials(rng):
         want = expected_gpu(visible, local_rank, gpus)
         off = refusing("torch.cuda._parse_visible_devices", "parse the string yourself")
         call = f"my_physical_gpu({visible!r}, local_rank={local_rank}, gpus={gpus})"
@@ -105,7 +122,8 @@ def check_physical_gpu(fn) -> str:
                 "negative one or one the machine lacks ends the list, and so does an entry "
                 "that does not start with a number (torch reads '1gpu' as 1, like C's "
                 "strtoul); None when there is no cuda:local_rank.")
-    return f"the same GPUs as torch's parser on {TRIALS} random settings (seed {seed})"
+    return (f"the same GPUs as torch's parser on {TRIALS + 1} settings: a typo read by its "
+            f"leading digits, then random ones (seed {seed})")
 
 
 EXERCISES = (
