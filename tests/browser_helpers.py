@@ -84,7 +84,7 @@ def _write_settings(folder: Path) -> None:
         (folder / name).write_text(json.dumps(values))
 
 
-def _server_env(home: Path) -> dict[str, str]:
+def _server_env(home: Path, runtime: Path) -> dict[str, str]:
     """kernel_env() (this checkout on PYTHONPATH) with Jupyter's per-user state in ``home``.
 
     Why: a user's ~/.jupyter config, ~/.local/share/jupyter kernelspecs (a "python3" there
@@ -97,7 +97,7 @@ def _server_env(home: Path) -> dict[str, str]:
     for var, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
                      ("IPYTHONDIR", "ipython")]:
         env[var] = str(home / sub)
-    env.pop("JUPYTER_RUNTIME_DIR", None)  # falls under JUPYTER_DATA_DIR, removed with home
+    env["JUPYTER_RUNTIME_DIR"] = str(runtime)  # short: kernels' socket paths fit (start_lab)
     return env
 
 
@@ -118,8 +118,7 @@ def start_lab(root: Path, home: Path) -> Lab:
         "--KernelManager.transport=ipc",
     ]
     with open(log, "wb") as out:
-        env = dict(_server_env(home), JUPYTER_RUNTIME_DIR=str(sockets))
-        process = subprocess.Popen(command, env=env, cwd=root,
+        process = subprocess.Popen(command, env=_server_env(home, sockets), cwd=root,
                                    stdout=out, stderr=subprocess.STDOUT)
     lab = Lab(f"http://127.0.0.1:{port}", token, root, process, log, sockets)
     try:
