@@ -112,12 +112,19 @@ def test_exit_code_of_a_rank_that_exits_without_a_traceback(tmp_path):
 
 
 def test_hang_times_out_with_each_stuck_workers_stack(tmp_path):
+    """Rank 1's dump is long (threads deep in calls) and rank 0's short: rank 0 dies first,
+    and torchrun's agent, were it not frozen, would stop rank 1 in the middle of its dump."""
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent("""
-        import time, torch, torch.distributed as dist
+        import threading, time, torch, torch.distributed as dist
         dist.init_process_group("gloo")
+        def deep(depth, release):
+            return deep(depth - 1, release) if depth else release.wait()
         if dist.get_rank() == 0:
             time.sleep(600)
+        release = threading.Event()
+        for _ in range(60):
+            threading.Thread(target=deep, args=(90, release), daemon=True).start()
         dist.all_reduce(torch.ones(1))
     """))
     with pytest.raises(ddp_lab.WorkerTimeout) as info:

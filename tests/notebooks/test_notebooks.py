@@ -1,6 +1,7 @@
 """The course notebooks: each runs headless in a real kernel, and each is committed clean.
 
-Each notebook runs once, as a learner gets it (stubs in the exercise cells). Solved mode
+Each notebook runs once, as a learner gets it (stubs in the exercise cells); notebook 00 runs
+in JupyterLab instead where the browser test runs (test_browser.py's Run All). Solved mode
 (``ddp-lab notebooks --solved``) only adds that each reference solution, pasted into its
 cell, passes its check: tests/exercises/test_notebook_cells.py shows that per exercise
 without a kernel, and tests/notebooks/test_notebook_runner.py the swap itself."""
@@ -13,10 +14,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import browser_helpers as lab_ui
 from ddp_lab.tools.notebook_runner import execute_notebook, find_notebooks
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = find_notebooks(NOTEBOOK_DIR)
+# test_browser.py runs this notebook with JupyterLab's Run All and judges what this test
+# judges (no cell raised, a figure drawn); where it runs, the notebook is not run twice.
+RUN_ALL_IN_BROWSER = ("00_launching_from_jupyter.ipynb",
+                      "test_browser.py::test_run_all_cells_of_notebook_00")
 
 
 def _params() -> list:
@@ -30,7 +36,9 @@ def _params() -> list:
 @pytest.mark.notebooks
 @pytest.mark.timeout(600)  # a hang guard, not a speed target (busy cores)
 @pytest.mark.parametrize("notebook", _params())
-def test_notebook_runs_headless(notebook: Path, tmp_path: Path):
+def test_notebook_runs_headless(notebook: Path, tmp_path: Path, request):
+    if _run_all_in_browser(notebook, request.session):
+        pytest.skip(f"{RUN_ALL_IN_BROWSER[1]} runs it in JupyterLab in this session")
     report = execute_notebook(notebook, tmp_path, timeout_per_cell=240)
     assert report.ok, (
         f"{report.describe()}\n"
@@ -42,6 +50,14 @@ def test_notebook_runs_headless(notebook: Path, tmp_path: Path):
     images = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs
               if "image/png" in o.get("data", {})]
     assert images, f"{notebook.name} drew no figure: each notebook shows its real results"
+
+
+def _run_all_in_browser(notebook: Path, session) -> bool:
+    """Whether the browser's Run All of this notebook is selected and can run here."""
+    name, test = RUN_ALL_IN_BROWSER
+    runs = not lab_ui.missing_requirements() or lab_ui.IN_CI  # in CI, a missing browser fails
+    return notebook.name == name and runs and any(
+        item.nodeid.endswith(test) for item in session.items)
 
 
 @pytest.mark.timeout(60)

@@ -153,8 +153,13 @@ class TorchrunSession:
         self.echo.show(out.owner, out.lines, out.status)
 
     def _time_out(self) -> None:
-        """Ask every stuck worker for its stack (SIGABRT + faulthandler), then stop all."""
+        """Ask every stuck worker for its stack (SIGABRT + faulthandler), then stop all.
+        The agent is frozen first: once one worker dies of the SIGABRT, torchrun stops the
+        others with SIGTERM, which cut a slower worker's dump after its first thread (seen
+        under load: rank 1's stack read as one C++ thread, its main thread in all_reduce
+        lost). Frozen, it can neither do that nor start a worker while we list them."""
         self.timed_out = True
+        send(self.agent.pid, signal.SIGSTOP)  # kill_tree below ends it (SIGKILL)
         workers = _workers_by_rank(self.agent.pid)
         for pid in workers.values():
             send(pid, signal.SIGABRT)
