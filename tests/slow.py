@@ -25,10 +25,8 @@ SLOW = {
         "test_flight_recorder_analyzer_names_the_rank_that_did_not_join": 5,
     },
     "tests/course/test_failures.py": {
-        "test_killed_and_restarted_training_ends_bit_identical": 37,
         "test_torchrun_past_its_timeout_is_stopped_with_all_its_workers": 20,
         "test_torchrun_error_files_hold_the_root_cause": 8,
-        "test_uneven_batches_hang_with_rank0_in_backward": 8,
     },
     "tests/course/test_launching.py": {
         "test_spawn_script_needs_the_main_guard": 24,

@@ -1,5 +1,7 @@
 """Notebook 08's failures, provoked on real ranks (and real torchrun), and the fixes checked
-against single-process references."""
+against single-process references. The uneven-input hang (where each rank waits) and the
+killed, restarted and resumed training (bit-identical to an uninterrupted run) are asserted
+by notebook 08 itself, which the suite executes: they are not run a second time here."""
 
 from __future__ import annotations
 
@@ -85,15 +87,6 @@ def test_error_files_are_read_by_attempt_and_local_rank(tmp_path):
 
 
 # -- uneven inputs -----------------------------------------------------------------------
-def test_uneven_batches_hang_with_rank0_in_backward():
-    with pytest.raises(ddp_lab.WorkerTimeout) as caught:
-        ddp_lab.run(uneven_inputs.uneven_training, 3, args=("barrier",), timeout=8, echo=False)
-    stacks = caught.value.stacks
-    assert caught.value.stuck_ranks == [0, 1, 2]
-    assert "y.backward()" in stacks[0] and "dist.barrier()" not in stacks[0]
-    assert all("dist.barrier()" in stacks[r] for r in (1, 2))
-
-
 def _every_sharding():
     return {how: uneven_inputs.train(how, use_join=how == "strided")
             for how in uneven_inputs.SHARDINGS}
@@ -166,19 +159,6 @@ def test_torchrun_past_its_timeout_is_stopped_with_all_its_workers():
     assert result.returncode is None
     assert len(result.stopped) >= 3, "expected the agent and both workers to be running"
     assert wait_until_gone(result.stopped) == []
-
-
-# -- recovery ----------------------------------------------------------------------------
-def test_killed_and_restarted_training_ends_bit_identical(tmp_path):
-    killed = recovery.killed_once_under_torchrun(tmp_path / "killed.pt")
-    assert killed.returncode == 0, killed.output[-3000:]
-    attempts = recovery.epoch_losses_by_attempt(killed.output)
-    assert sorted(attempts) == [0, 1] and sorted(attempts[1]) == [1, 2]
-    assert "Resumed from" in killed.output
-    reference = recovery.uninterrupted(tmp_path / "reference.pt", echo=False)
-    assert reference[0]["epochs_run"] == [0, 1, 2]
-    torch.testing.assert_close(recovery.final_weights(tmp_path / "killed.pt"),
-                               reference[0]["final_weights"], rtol=0, atol=0)
 
 
 def test_rank_prefix_on_tracebacks_comes_from_init_process_group_not_torchrun():
