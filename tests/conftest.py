@@ -113,17 +113,18 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """The integration tier measured slow (tests/slow.py) gets its marker here. The notebooks
-    and the browser go first: `make test` hands whole files to its two workers
-    (``--dist loadfile``), so one worker runs the notebooks one after another (about half of
-    the suite's time) from the start while the other runs the rest; two notebooks at once
-    on two cores would slow both past what their cells allow. Whole files also keep the
-    tests that bind the DDP tutorial's fixed port (12355) one after another."""
+    """The integration tier measured slow (tests/slow.py) gets its marker here.
+
+    `make test` hands whole files to its two workers (``--dist loadfile``; pytest-xdist
+    queues them by their number of tests, most first), so one worker runs the notebooks
+    one after another (about a third of the suite's time) while the other runs other files;
+    two notebooks at once on two cores would slow both past what their cells allow, and a
+    third worker slows the notebooks' file, the longest, as much as it shares the rest.
+    Whole files also keep the tests that bind the DDP tutorial's fixed port (12355) one
+    after another."""
     for item in items:
         if is_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: not (item.get_closest_marker("notebooks")
-                                     or item.get_closest_marker("browser")))
 
 
 def pytest_addoption(parser):
