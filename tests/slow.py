@@ -28,12 +28,6 @@ SLOW = {
         "test_torchrun_past_its_timeout_is_stopped_with_all_its_workers": 20,
         "test_torchrun_error_files_hold_the_root_cause": 8,
     },
-    "tests/course/test_launching.py": {
-        "test_spawn_script_needs_the_main_guard": 24,
-        "test_run_path_redirect_tee_and_no_python": 20,
-        "test_static_rendezvous_uses_node_rank_and_c10d_ignores_it": 17,
-        "test_orphaned_workers_are_found_by_marker_and_killed": 6,
-    },
     "tests/course/test_netns.py": {
         "test_late_node_grows_the_world_and_the_job_resumes": 45,
         "test_two_nodes_two_workers_each_all_reduce_across_namespaces": 20,
