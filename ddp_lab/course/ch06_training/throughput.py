@@ -82,10 +82,12 @@ def _slowest(*seconds: float) -> list[float]:
 
 
 def scaling_table(results: dict) -> list[dict]:
-    """Rows of world size, samples/s, speed-up and efficiency against the 1-rank run."""
+    """Rows of world size, samples/s, speed-up and efficiency against the 1-rank run, with
+    the step's compute (its ``no_sync`` time) and the share of the step spent syncing."""
     base = results[1]["samples_per_s"]
     return [{"world_size": n, "samples_per_s": r["samples_per_s"],
              "speedup": r["samples_per_s"] / base,
              "efficiency": r["samples_per_s"] / base / n,
+             "compute_s": r["compute_s"],
              "sync_share": 1 - r["compute_s"] / r["step_s"]}
             for n, r in sorted(results.items())]
