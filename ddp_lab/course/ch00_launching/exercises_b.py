@@ -37,13 +37,20 @@ def weights_agree(model: torch.nn.Module) -> bool:
 
 def _model(seed: int) -> torch.nn.Module:
     """The same weights on every rank; sizes only the seed value decides. The last layer is
-    frozen, as a fine-tuned model's embedding or a pretrained backbone would be."""
+    frozen, as a fine-tuned model's embedding or a pretrained backbone would be. Weights are
+    odd multiples of 1/512: every sum of them or of their squares (under 100 weights) is then
+    exact in float32, in any order, so a norm or a checksum never sees a swap by rounding (a
+    gate run drew a seed where a norm's summation order did); and none is 0, whose next
+    float32 step is too small for any sum to see."""
     sizes = torch.randint(2, 6, (4,), generator=generator(seed)).tolist()
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Tanh(),
                                 torch.nn.Linear(sizes[1], sizes[2]), torch.nn.Tanh(),
                                 torch.nn.Linear(sizes[2], sizes[3]))
     model[4].requires_grad_(False)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_((torch.floor(param * 256) + 0.5) / 256)
     return model
 
 
