@@ -29,6 +29,8 @@ from ddp_lab.tools.notebook_runner import kernel_env
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# The notebook test_browser.py runs with Run All (test_notebooks.py then skips its headless run).
+NOTEBOOK_00 = "00_launching_from_jupyter.ipynb"
 
 # JupyterLab settings for a test session, keyed by plugin file under user_settings_dir.
 # windowingMode "none": every cell stays in the DOM, so "no [*] prompt left" and "an

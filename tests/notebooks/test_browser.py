@@ -25,7 +25,7 @@ if MISSING and not lab_ui.IN_CI:
     pytest.skip(f"browser test needs {' and '.join(MISSING)}; with CI=true this fails instead",
                 allow_module_level=True)
 
-NOTEBOOK_00 = "00_launching_from_jupyter.ipynb"
+NOTEBOOK_00 = lab_ui.NOTEBOOK_00
 SCREENSHOT = lab_ui.ROOT / "build" / "test-artifacts" / "jupyterlab_00.png"
 
 

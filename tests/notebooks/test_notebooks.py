@@ -21,8 +21,7 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = find_notebooks(NOTEBOOK_DIR)
 # test_browser.py runs this notebook with JupyterLab's Run All and judges what this test
 # judges (no cell raised, a figure drawn); where it runs, the notebook is not run twice.
-RUN_ALL_IN_BROWSER = ("00_launching_from_jupyter.ipynb",
-                      "test_browser.py::test_run_all_cells_of_notebook_00")
+RUN_ALL_IN_BROWSER = (lab_ui.NOTEBOOK_00, "test_browser.py::test_run_all_cells_of_notebook_00")
 
 
 def _params() -> list:
@@ -55,9 +54,10 @@ def test_notebook_runs_headless(notebook: Path, tmp_path: Path, request):
 def _run_all_in_browser(notebook: Path, session) -> bool:
     """Whether the browser's Run All of this notebook is selected and can run here."""
     name, test = RUN_ALL_IN_BROWSER
+    if notebook.name != name:
+        return False
     runs = not lab_ui.missing_requirements() or lab_ui.IN_CI  # in CI, a missing browser fails
-    return notebook.name == name and runs and any(
-        item.nodeid.endswith(test) for item in session.items)
+    return runs and any(item.nodeid.endswith(test) for item in session.items)
 
 
 @pytest.mark.timeout(60)
