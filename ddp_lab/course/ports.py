@@ -1,4 +1,5 @@
-"""A free loopback port for demos that start their own rendezvous (stores, torchrun agents)."""
+"""A free loopback port for demos that start their own rendezvous (stores, torchrun agents),
+and how to tell that a run lost the race for one."""
 
 from __future__ import annotations
 
@@ -17,3 +18,11 @@ def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def lost_port_race(text: str) -> bool:
+    """Whether ``text`` (a traceback, a log) says a store found its port taken when it came
+    to bind it: the race above, also run by torchrun's agent when the rendezvous store is
+    not shared (``get_free_port``). Python's ``bind`` says "Address already in use", c10d's
+    TCPStore "EADDRINUSE"."""
+    return "Address already in use" in text or "EADDRINUSE" in text

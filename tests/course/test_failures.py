@@ -72,6 +72,22 @@ def test_torchrun_log_says_which_attempt_ran_which_epoch():
     assert "Resumed from /tmp/c.pt after epoch 0." in recovery.story(result)
 
 
+def test_a_killed_run_that_lost_torchruns_port_race_runs_again(tmp_path, monkeypatch, capsys):
+    lost = "[rank0]: torch.distributed.DistNetworkError: ... name: EADDRINUSE, message: ..."
+    outputs, checkpoint = [lost, LOG], tmp_path / "killed.pt"
+
+    def torchrun_once(argv, nproc, **kwargs):  # only the output matters to the retry
+        assert not checkpoint.exists(), "each run starts without the last one's checkpoint"
+        checkpoint.write_bytes(b"written by this run")
+        return TorchrunResult(("python", "-m", "torch.distributed.run"), 0, outputs.pop(0), 1.0)
+
+    monkeypatch.setattr(recovery, "torchrun", torchrun_once)
+    assert recovery.killed_once_under_torchrun(checkpoint).output == LOG
+    assert "EADDRINUSE" in capsys.readouterr().err and outputs == []
+    monkeypatch.setattr(recovery, "torchrun", lambda *a, **k: TorchrunResult((), 1, lost, 1.0))
+    assert recovery.killed_once_under_torchrun(checkpoint, tries=2).returncode == 1
+
+
 def test_error_files_are_read_by_attempt_and_local_rank(tmp_path):
     record = {"message": {"message": "ValueError: bad batch",
                           "extraInfo": {"py_callstack": "Traceback\n  ...\nValueError: bad batch",

@@ -13,6 +13,7 @@ from torch.testing import assert_close
 import ddp_lab
 from ddp_lab.course.ch01_processes import stores
 from ddp_lab.course.ch01_processes.stores import Rendezvous
+from ddp_lab.course.ports import lost_port_race
 
 pytestmark = pytest.mark.timeout(120)
 WORLD_SIZES = (1, 2, 3, 4)
@@ -38,6 +39,23 @@ def test_free_loopback_port_can_be_bound_on_loopback():
     assert 0 < port < 2 ** 16
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_a_lost_port_race_is_told_by_pythons_and_c10ds_own_messages():
+    from datetime import timedelta
+
+    from torch.distributed import DistNetworkError, TCPStore
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with socket.socket() as second, pytest.raises(OSError) as by_python:
+            second.bind(("127.0.0.1", port))
+        with pytest.raises(DistNetworkError) as by_store:
+            TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5),
+                     wait_for_workers=False)
+    assert lost_port_race(str(by_python.value)) and lost_port_race(str(by_store.value))
+    assert not lost_port_race("RuntimeError: ... Connection reset by peer")
 
 
 def test_retry_port_race_tries_a_new_port_after_a_lost_race():

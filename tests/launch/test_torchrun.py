@@ -212,3 +212,38 @@ def test_elastic_launch_restarts_all_workers_after_a_crash(tmp_path):
     assert values == "[(0, 1, 1.0), (1, 1, 1.0)]"  # both restarted once, then all_reduced
     assert handler == "_terminate_process_handler"
     assert "simulated crash on attempt 0" in done.stderr
+
+
+LOSE_THE_PORT_ONCE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from ddp_lab.course.ch09_torchrun import torchrun as demo
+
+    def lose_the_port_once(marker):
+        if not Path(marker).exists():  # what rank 0 raises when its port was taken first
+            Path(marker).touch()
+            raise RuntimeError("The server socket has failed to listen ... EADDRINUSE ...")
+        if marker.endswith("bug"):
+            raise ValueError("a real bug")
+        return "ran"
+
+    if __name__ == "__main__":
+        out = demo.launch_from_python(lose_the_port_once, sys.argv[1], nproc=1, max_restarts=0)
+        print(out.values)
+""")
+
+
+@pytest.mark.parametrize("marker", ["first", "bug"])
+def test_elastic_launch_runs_again_only_after_a_lost_port_race(tmp_path, marker):
+    script = tmp_path / "launch.py"
+    script.write_text(LOSE_THE_PORT_ONCE)
+    if marker == "bug":
+        (tmp_path / marker).touch()
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / marker)],
+                          capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    again = "found its port taken" in done.stderr
+    if marker == "first":
+        assert done.returncode == 0 and again, done.stderr[-3000:]
+        assert done.stdout.strip().splitlines()[-1] == "{0: 'ran'}"
+    else:
+        assert done.returncode != 0 and not again and "a real bug" in done.stderr

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
-from ddp_lab.course.ports import free_loopback_port
+from ddp_lab.course.ports import free_loopback_port, lost_port_race
 
 STORE_TIMEOUT = timedelta(seconds=30)
 
@@ -134,7 +134,7 @@ def retry_port_race(rdv: Rendezvous, start, attempts: int = 3):
         try:
             return start(rdv)
         except ddp_lab.WorkerError as err:
-            lost_race = rdv.kind == "tcp" and "Address already in use" in err.traceback
+            lost_race = rdv.kind == "tcp" and lost_port_race(err.traceback)
             if not lost_race or attempt == attempts:
                 raise
             rdv = replace(rdv, port=free_loopback_port())

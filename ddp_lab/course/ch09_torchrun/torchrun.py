@@ -11,12 +11,14 @@ import importlib
 import io
 import os
 import signal
+import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
 
 from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, run_agents
 from ddp_lab.course.netns import loopback_hosts
+from ddp_lab.course.ports import lost_port_race
 from ddp_lab.scripts import script_path
 from ddp_lab.scripts.print_env import TORCHRUN_VARS
 
@@ -103,7 +105,8 @@ def flaky_all_reduce(fail_rank: int = 1) -> dict:
     return {"rank": rank, "restart": restart, "sum": total.item(), "pid": os.getpid()}
 
 
-def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> ElasticLaunch:
+def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1,
+                       tries: int = 3) -> ElasticLaunch:
     """``elastic_launch(LaunchConfig(...), fn)(*args)``: torchrun's agent in this process.
 
     ``fn`` travels to the workers by reference (multiprocessing's spawn), so it must live
@@ -113,19 +116,36 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1) -> Elas
     restart needs torch 2.13's shared rendezvous store turned off (pytorch/pytorch#135712:
     restarted workers can read the previous attempt's gloo addresses), as notebook 08 does.
     torch's spawn leaves a ``pytorch-errorfile-*.pickle`` per failed worker in the temp
-    folder; they go to the log folder, removed with it."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    folder; they go to the log folder, removed with it. Without the shared store the agent
+    picks the workers' port with a bind and a close, and rank 0 binds it once torch is
+    imported: a launch that lost that port to another program is started again (notebook
+    08's ``recovery.killed_once_under_torchrun`` does the same)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
             _spawn_error_files_in(log_dir), _signal_handlers_kept() as left, \
             _env_set(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"):
-        config = LaunchConfig(
-            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-            rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
-            monitor_interval=0.1, start_method="spawn", log_line_prefix_template="[rank ${rank}] ",
-            logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL))
-        values = elastic_launch(config, fn)(*args)
+        for attempt in range(1, tries + 1):
+            try:
+                values = _elastic_launch(fn, args, nproc, max_restarts, log_dir)
+                break
+            except ChildFailedError as err:
+                if attempt == tries or not lost_port_race(str(err)):
+                    raise
+                print("a worker found its port taken (EADDRINUSE, torchrun's port race): "
+                      "launching again", file=sys.stderr)
     return ElasticLaunch(dict(sorted(values.items())), left["SIGINT"])
+
+
+def _elastic_launch(fn, args: tuple, nproc: int, max_restarts: int, log_dir: str) -> dict:
+    """One ``elastic_launch`` of ``fn(*args)``, its logs under ``log_dir``."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
+        monitor_interval=0.1, start_method="spawn", log_line_prefix_template="[rank ${rank}] ",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL))
+    return elastic_launch(config, fn)(*args)
 
 
 @contextlib.contextmanager
