@@ -88,6 +88,7 @@ SLOW = {
     },
     "tests/launch/test_torchrun.py": {
         "test_elastic_launch_restarts_all_workers_after_a_crash": 40,
+        "test_elastic_launch_runs_again_only_after_a_lost_port_race": 19,
         "test_hang_times_out_with_each_stuck_workers_stack": 25,
         "test_values_and_tagged_output_come_back_from_torchrun_workers": 19,
         "test_crash_names_the_root_cause_with_its_traceback": 19,
