@@ -4,6 +4,7 @@ and how to tell that a run lost the race for one."""
 from __future__ import annotations
 
 import socket
+import sys
 
 
 def free_loopback_port() -> int:
@@ -26,3 +27,9 @@ def lost_port_race(text: str) -> bool:
     not shared (``get_free_port``). Python's ``bind`` says "Address already in use", c10d's
     TCPStore "EADDRINUSE"."""
     return "Address already in use" in text or "EADDRINUSE" in text
+
+
+def say_lost_port_race(next_step: str) -> None:
+    """Tell the learner, on stderr, why a demo runs again: a lost port race, not a bug."""
+    print(f"a worker found its port taken (EADDRINUSE, torchrun's port race): {next_step}",
+          file=sys.stderr)

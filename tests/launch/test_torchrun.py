@@ -19,6 +19,7 @@ import ddp_lab
 from conftest import wait_until_gone
 from run_probes import run_folders_of
 from ddp_lab.course.ch09_torchrun import torchrun as torchrun_demo
+from ddp_lab.launch.forkserver.process_tree import send, send_to_main_thread
 from ddp_lab.scripts import script_path
 from ddp_lab.launch.torchrun.tee import TeeDemux, error_record
 
@@ -132,6 +133,40 @@ def test_hang_times_out_with_each_stuck_workers_stack(tmp_path):
     err = info.value
     assert err.stuck_ranks == [0, 1]
     assert "time.sleep(600)" in err.stacks[0] and "all_reduce" in err.stacks[1]
+
+
+@pytest.mark.parametrize("sender, runs_it", [(send, "helper"), (send_to_main_thread, "<module>")])
+def test_a_signal_for_the_main_thread_waits_for_it_where_another_thread_could_take_it(
+        tmp_path, sender, runs_it):
+    """Why the hang's SIGABRTs go to each worker's main thread: a signal sent to a process
+    is run by any thread that takes it. Here the main thread blocks SIGUSR1 a moment: sent
+    to the process, a helper thread runs the handler; sent to the main thread, it waits
+    until the main thread takes it. faulthandler, not all threads, names the thread."""
+    child = tmp_path / "two_threads.py"
+    child.write_text(textwrap.dedent("""
+        import faulthandler, signal, sys, threading, time
+        dump = open(sys.argv[1], "w")
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
+        def helper():
+            while True:
+                time.sleep(0.01)
+        threading.Thread(target=helper, daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        print("blocked", flush=True)
+        sys.stdin.readline()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    """))
+    dump = tmp_path / "dump.txt"
+    with subprocess.Popen([sys.executable, str(child), str(dump)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout.readline() == "blocked\n"
+        sender(proc.pid, signal.SIGUSR1)
+        if sender is send:  # taken by the helper at once, while the main thread blocks it
+            deadline = time.monotonic() + 30
+            while not dump.read_text() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        proc.communicate("go\n", timeout=30)
+    assert f"in {runs_it}" in dump.read_text()
 
 
 def test_keyboard_interrupt_stops_agent_and_workers_and_reraises(tmp_path):

@@ -9,12 +9,11 @@ killed-and-resumed run must end with exactly the weights of an uninterrupted one
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-from ddp_lab.course.ports import lost_port_race
+from ddp_lab.course.ports import lost_port_race, say_lost_port_race
 from ddp_lab.launch.torchrun.command import TorchrunResult, torchrun
 
 TRAIN_ARGS = ("--epochs", "3", "--batch-size", "32", "--no-progress")
@@ -46,8 +45,7 @@ def killed_once_under_torchrun(checkpoint: str | Path, max_restarts: int = 1,
                           env=env, timeout=timeout)
         if attempt == tries or not lost_port_race(result.output):
             return result
-        print("a worker found its port taken (EADDRINUSE, torchrun's port race): "
-              "running the demo again", file=sys.stderr)
+        say_lost_port_race("running the demo again")
         Path(checkpoint).unlink(missing_ok=True)  # written by this run: the script wants none
 
 

@@ -11,14 +11,13 @@ import importlib
 import io
 import os
 import signal
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
 
 from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, run_agents
 from ddp_lab.course.netns import loopback_hosts
-from ddp_lab.course.ports import lost_port_race
+from ddp_lab.course.ports import lost_port_race, say_lost_port_race
 from ddp_lab.scripts import script_path
 from ddp_lab.scripts.print_env import TORCHRUN_VARS
 
@@ -131,8 +130,7 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1,
             except ChildFailedError as err:
                 if attempt == tries or not lost_port_race(str(err)):
                     raise
-                print("a worker found its port taken (EADDRINUSE, torchrun's port race): "
-                      "launching again", file=sys.stderr)
+                say_lost_port_race("launching again")
     return ElasticLaunch(dict(sorted(values.items())), left["SIGINT"])
 
 

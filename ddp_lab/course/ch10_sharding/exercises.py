@@ -55,7 +55,7 @@ def _gradient(shape, seed: int, step: int, rank: int, k: int) -> torch.Tensor:
     """Rank ``rank``'s gradient of parameter ``k``: a multiple of 1/256, so that the sum
     over the ranks is exact in float32 in any order. The all-reduce and the reference then
     average the very same values; a rounded sum near 0 would otherwise move Adam's first
-    step, g / (|g| + eps), by far more than the comparison allows (a gate run drew one)."""
+    step, g / (|g| + eps), by far more than the comparison allows (a test run drew one)."""
     g = torch.randn(shape, generator=generator(seed, step, rank, k))
     return torch.round(g * 256) / 256
 

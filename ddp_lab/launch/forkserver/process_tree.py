@@ -11,6 +11,7 @@ descendants, kill them group by group, then kill the root.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -107,6 +108,21 @@ def send(pid: int, sig: int, group: bool = False) -> None:
             os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def send_to_main_thread(pid: int, sig: int) -> None:
+    """Send a signal to the main thread of ``pid`` (Linux ``tgkill``), if it still exists.
+    A signal sent to a process is taken by whichever of its threads the kernel picks, and
+    that thread runs the handler while the others go on: a faulthandler dump run on a
+    helper thread reads the main thread's stack while it moves. Sent to the main thread,
+    the handler runs there and its stack stays where it was. Where libc has no ``tgkill``
+    (not Linux, glibc before 2.30), the process gets it as ``send`` would send it."""
+    import ctypes
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        send(pid, sig)
+    elif tgkill(pid, pid, sig) != 0 and ctypes.get_errno() not in (errno.ESRCH, errno.EPERM):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
 
 def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:

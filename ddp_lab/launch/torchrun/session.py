@@ -35,7 +35,8 @@ from ddp_lab.launch.config import (RUN_DIR_VAR, LaunchConfig, RunFiles, loopback
                                    package_pythonpath, threads_per_rank, write_pickle)
 from ddp_lab.launch.deadlines import DRAIN_QUIET_S, TORCHRUN_STACK_WAIT_S, Deadline
 from ddp_lab.launch.errors import DistributedRunError
-from ddp_lab.launch.forkserver.process_tree import kill_tree, send, wait_gone
+from ddp_lab.launch.forkserver.process_tree import (kill_tree, send, send_to_main_thread,
+                                                      wait_gone)
 from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.output.reader import Output, OutputReader
@@ -155,14 +156,22 @@ class TorchrunSession:
     def _time_out(self) -> None:
         """Ask every stuck worker for its stack (SIGABRT + faulthandler), then stop all.
         The agent is frozen first: once one worker dies of the SIGABRT, torchrun stops the
-        others with SIGTERM, which cut a slower worker's dump after its first thread (seen
-        under load: rank 1's stack read as one C++ thread, its main thread in all_reduce
-        lost). Frozen, it can neither do that nor start a worker while we list them."""
+        others with SIGTERM, which cut a slower worker's dump after its first thread.
+        The workers are frozen too, and each SIGABRT put on a worker's main thread before
+        any is let go: a worker that dies closes its sockets, and a peer not yet in its
+        handler (this process preempted between two signals on a busy machine, or the
+        handler run by another thread) left its collective with "Connection closed by
+        peer" and was dumped from the interpreter's exit (seen under load: rank 1's stack
+        one thread with no Python frame, all_reduce lost, 4 of 70 runs at four busy
+        loops). Frozen with the signal pending on it, the main thread runs the handler
+        before anything else and its stack stays in the collective (0 of 50)."""
         self.timed_out = True
         send(self.agent.pid, signal.SIGSTOP)  # kill_tree below ends it (SIGKILL)
         workers = _workers_by_rank(self.agent.pid)
-        for pid in workers.values():
-            send(pid, signal.SIGABRT)
+        for sig, sender in ((signal.SIGSTOP, send), (signal.SIGABRT, send_to_main_thread),
+                            (signal.SIGCONT, send)):
+            for pid in workers.values():
+                sender(pid, sig)
         wait_gone(list(workers.values()), TORCHRUN_STACK_WAIT_S)
         self.stacks = {rank: self._stack_of(rank) for rank in sorted(workers)} or {
             rank: "(torchrun had not started the workers yet)"
