@@ -121,8 +121,10 @@ def send_to_main_thread(pid: int, sig: int) -> None:
     tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
     if tgkill is None:
         send(pid, sig)
-    elif tgkill(pid, pid, sig) != 0 and ctypes.get_errno() not in (errno.ESRCH, errno.EPERM):
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    elif tgkill(pid, pid, sig) != 0:
+        failure = ctypes.get_errno()
+        if failure not in (errno.ESRCH, errno.EPERM):  # gone or not ours: as send ignores
+            raise OSError(failure, os.strerror(failure))
 
 
 def wait_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
