@@ -1,4 +1,4 @@
-"""One run's machinery: a private folder, a loopback rendezvous, N ranks, their output,
+"""One run's machinery: a private folder, a rendezvous in a private network, N ranks, their output,
 their deadline, and a cleanup that leaves nothing behind whatever happened.
 
 Interrupt-safe by construction: ``__enter__`` creates nothing, so from the moment a
@@ -28,7 +28,6 @@ from ddp_lab.launch.forkserver.client import (ForkServerDied, get_fork_server,
                                               get_network_fork_server)
 from ddp_lab.launch.forkserver.protocol import Exited, NetReady, RunEnded, ServerDied, Spawned
 from ddp_lab.launch.interrupts import deferred
-from ddp_lab.launch.network.rendezvous import loopback_store
 from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.output.reader import Output, OutputReader
@@ -50,19 +49,19 @@ class Session:
     """Use as ``with Session(config, payload) as s: s.start(); s.wait()``.
 
     Its phases, each with what it sets: set-up (``run_dir``, ``files``, ``output``, the
-    lifeline in ``fds``, ``server``, ``clock``, ``store``, ``base_env``), start (each rank's
+    lifeline in ``fds``, ``server``, ``clock``, ``net_reply``, ``base_env``), start (each rank's
     pid in ``ranks``, then ``deadline``), the run (``stopping``, ``timed_out``, ``stacks``,
     ``seconds``), cleanup (``run_ended``). Every attribute is set here, None until then."""
 
     def __init__(self, config: LaunchConfig, payload: bytes | None):
         self.config = config
         self.payload = payload
-        self.ranks = [RankState(r) for r in range(config.world_size)]
+        self.ranks = RankState.of_run(config)
         self.events: queue.Queue = queue.Queue()  # the fork server's answers (protocol.py)
         self.echo = make_echo(config.echo)
         self._cleanup = contextlib.ExitStack()
         self.run_dir = self.files = self.output = self.server = None  # set up: _set_up
-        self.clock = self.store = self.base_env = self.net_reply = None
+        self.clock = self.base_env = self.net_reply = None
         self.fds: dict[str, int] = {}  # closed once, by name: a number may be reused at once
         self.requested = 0  # spawn requests sent (ranks[:requested] have a pid, or will)
         self.deadline: Deadline | None = None
@@ -97,15 +96,7 @@ class Session:
         with deferred():  # the lifeline: ranks die when its write end closes (rank/main.py)
             self.fds["lifeline_r"], self.fds["lifeline_w"] = os.pipe()
             keep(self._close, "lifeline_r", "lifeline_w")
-        if self.config.network is not None:
-            return self._set_up_network()
-        self.server = get_fork_server()
-        keep(self.server.forget_run, self.run_dir)
-        self._start_clock()
-        with deferred():
-            self.store, port = loopback_store(self.config.world_size)
-            keep(setattr, self, "store", None)  # its destructor stops the server thread
-        self.base_env = run_env(self.config, port, self.run_dir)
+        self._set_up_network()
 
     def _start_clock(self) -> None:
         """Once the fork server is ready: a new one imports torch first (seconds, many more
@@ -114,17 +105,21 @@ class Session:
         self.clock = StartClock(entered=time.monotonic(), timeout=self.config.timeout)
 
     def _set_up_network(self) -> None:
-        """A shaped run: the network fork server builds the links and hosts the store on the
-        bridge (ranks cannot reach our loopback); end-run takes them down (network/switch.py)."""
+        """The fork server hosts the run's store in its private network, where the ranks
+        reach it and nobody else can (isolation.py); a shaped run's server builds the links
+        and puts the store on their bridge. End-run takes them down (server.py)."""
         from ddp_lab.launch.network.setting import link_plan, not_built
-        plan = link_plan(self.config.network, self.config.world_size)
-        self.server = get_network_fork_server()
+        shaped = self.config.network is not None
+        plan = link_plan(self.config.network, self.config.world_size) if shaped else None
+        self.server = get_network_fork_server() if shaped else get_fork_server()
         self._cleanup.callback(self.server.forget_run, self.run_dir)
         self._start_clock()
         self.server.net_up(self.run_dir, self.config.world_size, plan, self.events)
-        self._await(lambda: self.net_reply is None, "while building the run's network")
+        self._await(lambda: self.net_reply is None, "while setting up the run's rendezvous")
         if self.net_reply.error:
-            raise not_built(self.net_reply.error)
+            raise not_built(self.net_reply.error) if shaped else RuntimeError(
+                f"the ddp_lab fork server could not host the run's store: "
+                f"{self.net_reply.error}")
         host, port = self.net_reply.address
         self.base_env = run_env(self.config, port, self.run_dir, address=host)
 

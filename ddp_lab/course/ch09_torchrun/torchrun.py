@@ -6,18 +6,18 @@ with a restart after a failure, and ``run_script(..., launcher="torchrun")``.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
-import importlib
 import io
 import os
-import signal
-import tempfile
-import uuid
+import pickle
+import sys
 from dataclasses import dataclass
 
-from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, run_agents
+from ddp_lab.course.ch09_torchrun import elastic_launch
+from ddp_lab.course.ch09_torchrun.elastic_launch import CALL_VAR
+from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, ThisMachine, run_agents
 from ddp_lab.course.netns import loopback_hosts
-from ddp_lab.course.ports import lost_port_race, say_lost_port_race
 from ddp_lab.scripts import script_path
 from ddp_lab.scripts.print_env import TORCHRUN_VARS
 
@@ -105,107 +105,23 @@ def flaky_all_reduce(fail_rank: int = 1) -> dict:
 
 
 def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1,
-                       tries: int = 3) -> ElasticLaunch:
-    """``elastic_launch(LaunchConfig(...), fn)(*args)``: torchrun's agent in this process.
+                       tries: int = 3, timeout: float = 240.0) -> ElasticLaunch:
+    """``elastic_launch(LaunchConfig(...), fn)(*args)``: torchrun's agent, from Python.
 
-    ``fn`` travels to the workers by reference (multiprocessing's spawn), so it must live
-    in an importable module, as with ``mp.spawn``. The agent installs its own handlers
-    for SIGINT/SIGTERM/SIGHUP/SIGQUIT in the calling process and leaves them there, so
-    we restore the kernel's (else the stop button raises torch's SignalException). The
-    restart needs torch 2.13's shared rendezvous store turned off (pytorch/pytorch#135712:
-    restarted workers can read the previous attempt's gloo addresses), as notebook 08 does.
-    torch's spawn leaves a ``pytorch-errorfile-*.pickle`` per failed worker in the temp
-    folder; they go to the log folder, removed with it. Without the shared store the agent
-    picks the workers' port with a bind and a close, and rank 0 binds it once torch is
-    imported: a launch that lost that port to another program is started again (notebook
-    08's ``recovery.killed_once_under_torchrun`` does the same)."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
-            _spawn_error_files_in(log_dir), _signal_handlers_kept() as left, \
-            _env_set(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"):
-        for attempt in range(1, tries + 1):
-            try:
-                values = _elastic_launch(fn, args, nproc, max_restarts, log_dir)
-                break
-            except ChildFailedError as err:
-                if attempt == tries or not lost_port_race(str(err)):
-                    raise
-                say_lost_port_race("launching again")
-    return ElasticLaunch(dict(sorted(values.items())), left["SIGINT"])
-
-
-def _elastic_launch(fn, args: tuple, nproc: int, max_restarts: int, log_dir: str) -> dict:
-    """One ``elastic_launch`` of ``fn(*args)``, its logs under ``log_dir``."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
-        monitor_interval=0.1, start_method="spawn", log_line_prefix_template="[rank ${rank}] ",
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL))
-    return elastic_launch(config, fn)(*args)
-
-
-@contextlib.contextmanager
-def _spawn_error_files_in(folder: str):
-    """torch's spawn (``start_processes``) makes a traceback file per worker with
-    ``tempfile.NamedTemporaryFile(delete=False)`` and never removes the ones failed workers
-    wrote. Until the block ends, that one module's ``tempfile`` makes them in ``folder``.
-    Not ``tempfile.tempdir``: the whole process would see it, and torch's inductor keeps
-    the first temp folder it sees in ``TORCHINDUCTOR_CACHE_DIR`` for good."""
-    spawn = importlib.import_module("torch.multiprocessing.spawn")  # the module, not the function
-    saved = spawn.tempfile
-    spawn.tempfile = _TempfileIn(folder)
-    try:
-        yield
-    finally:
-        spawn.tempfile = saved
-
-
-class _TempfileIn:
-    """The ``tempfile`` module, but ``NamedTemporaryFile`` makes its files in ``folder``."""
-
-    def __init__(self, folder: str):
-        self.folder = folder
-
-    def NamedTemporaryFile(self, *args, **kwargs):  # noqa: N802 (tempfile's name)
-        return tempfile.NamedTemporaryFile(*args, **{"dir": self.folder, **kwargs})
-
-    def __getattr__(self, name: str):
-        return getattr(tempfile, name)
-
-
-@contextlib.contextmanager
-def _env_set(**variables: str):
-    """Set environment variables in this process (the agent reads them) until the block ends."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _signal_handlers_kept():
-    """Put the caller's signal handlers (and torch's signal list variable) back on the
-    way out; yields a dict that then names the handler found on each signal."""
-    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-    saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
-    saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
-    left: dict[str, str] = {}
-    try:
-        yield left
-    finally:
-        for name, handler in saved.items():
-            current = signal.getsignal(getattr(signal, name))
-            left[name] = getattr(current, "__name__", str(current))
-            signal.signal(getattr(signal, name), handler)
-        if saved_env is None:  # elastic_launch sets it whatever it was
-            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
-        else:
-            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
+    Not in this process: the agent's rendezvous store listens on every interface and the
+    agent unpickles the state it reads there, so another user (or host) who writes to it
+    runs code in the process that hosts the agent. It runs in a child process in a private
+    network of its own (``elastic_launch.py``, started as one torchrun agent is, by
+    ``run_agents``: live output, deadline, nothing left), which sends back the values and
+    the handler the agent left on SIGINT. ``fn`` travels by reference, so it must live in
+    an importable module, as with ``mp.spawn``; this process's import path goes along."""
+    call = base64.b64encode(pickle.dumps((fn, args, nproc, max_restarts, tries))).decode()
+    env = {CALL_VAR: call, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+    result = run_agents([Agent(ThisMachine(), (), env, module=elastic_launch.__name__)],
+                        timeout=timeout)
+    if not result.ok or 0 not in result.values:
+        errors = "; ".join(result.errors(0)) or "\n".join(result.outputs[0][-20:])
+        raise RuntimeError(f"elastic_launch failed ({result.summary().splitlines()[0]}): "
+                           f"{errors}")
+    values, left = result.values[0]
+    return ElasticLaunch(values, left)

@@ -79,8 +79,8 @@ class ForkServer:
         self._send(EndRun(run_dir))
 
     def net_up(self, run_dir: str, world_size: int, plan, events: queue.Queue) -> None:
-        """Ask for a shaped run's network; ``NetReady`` goes to ``events`` (only a server
-        started in a namespace of its own can build one)."""
+        """Ask for the run's store (``plan``: a shaped run's network too); ``NetReady``
+        goes to ``events`` (only the server started for shaped runs can build links)."""
         self._route_run(run_dir, events)
         self._send(NetUp(run_dir, world_size, plan))
 
@@ -209,7 +209,7 @@ def _server_env() -> dict[str, str]:
 class _Holder:
     """The process-wide server; a new one after a fork of this process or a death."""
 
-    def __init__(self, prefix=tuple):
+    def __init__(self, prefix):
         self._prefix = prefix  # called for each new server: its command prefix
         self._lock = threading.Lock()
         self._server: ForkServer | None = None
@@ -238,6 +238,13 @@ class _Holder:
             self._server = None
 
 
+def _private_prefix() -> tuple[str, ...]:
+    """The server, its ranks and the stores it hosts live in a user and network namespace
+    of their own (isolation.py): no port of a run exists in the machine's namespace."""
+    from ddp_lab.launch.isolation import prefix
+    return prefix()
+
+
 def _network_prefix() -> tuple[str, ...]:
     """Shaped runs get a server of their own inside a new user and network namespace (the
     switch: network/switch.py); it is started the first time a shaped run asks for it."""
@@ -245,7 +252,7 @@ def _network_prefix() -> tuple[str, ...]:
     return (find_tools()["unshare"], "--user", "--map-root-user", "--net", "--")
 
 
-_holder = _Holder()
+_holder = _Holder(_private_prefix)
 _network_holder = _Holder(_network_prefix)
 get_fork_server = _holder.get
 get_network_fork_server = _network_holder.get

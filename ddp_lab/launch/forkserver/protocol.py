@@ -56,12 +56,12 @@ class Warm:
 
 @dataclass(frozen=True)
 class NetUp:
-    """Build a shaped run's network (network/switch.py); only a server started in a
-    namespace of its own can. Answered by ``NetReady``."""
+    """Host the run's store; for a shaped run, build its network too (network/switch.py),
+    which only the server started for shaped runs can. Answered by ``NetReady``."""
 
     run_dir: str
     world_size: int
-    plan: object  # network.setting.LinkPlan
+    plan: object  # network.setting.LinkPlan; None: a plain run, the store on loopback
 
 
 # -- server -> launcher -----------------------------------------------------------------------
@@ -99,7 +99,7 @@ class RunEnded:
 @dataclass(frozen=True)
 class NetReady:
     run_dir: str
-    address: tuple | None  # (host, port) of the run's store on the bridge
+    address: tuple | None  # (host, port) of the run's store (loopback, or the bridge)
     error: str | None
 
 

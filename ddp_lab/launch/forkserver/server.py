@@ -29,6 +29,7 @@ from ddp_lab.launch.forkserver import process_tree, protocol
 from ddp_lab.launch.forkserver.protocol import (EndRun, Exited, NetReady, NetUp, Ready, RunEnded,
                                                 SignalRank, SpawnRank, Spawned, Warm, Warming)
 from ddp_lab.launch.forkserver.reaper import Reaper
+from ddp_lab.launch.network.rendezvous import LOOPBACK, loopback_store
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
            "cloudpickle", "numpy", "psutil", "ddp_lab.launch.rank.main")
@@ -60,6 +61,7 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.wake_w = wake_w
         self.switch = None  # switch.Switch, made by the first shaped run
+        self.stores: dict[str, object] = {}  # run folder -> its store (a run on loopback)
         self.warm = False  # WARM imported
         self.warming = False  # announced: import WARM once this loop turn is over
 
@@ -128,14 +130,25 @@ class Server:
         return self.reap()
 
     def net_up(self, run_dir: str, world_size: int, plan) -> bool:
-        from ddp_lab.launch.network.switch import Switch
+        """The run's store (and a shaped run's links): hosted here, inside this server's
+        private network (isolation.py), where the ranks reach it and nobody else can."""
         try:
-            self.switch = self.switch or Switch()
-            net = self.switch.up(run_dir, world_size, plan)
+            address = self._shaped_net(run_dir, world_size, plan) if plan is not None else \
+                self._loopback_store(run_dir, world_size)
         except Exception as exc:  # noqa: BLE001 - every failure goes back as a message
             return self._tell(NetReady(run_dir, None, f"{type(exc).__name__}: {exc}"))
         self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {run_dir}
-        return self._tell(NetReady(run_dir, (net.address, net.port), None))
+        return self._tell(NetReady(run_dir, address, None))
+
+    def _shaped_net(self, run_dir: str, world_size: int, plan) -> tuple[str, int]:
+        from ddp_lab.launch.network.switch import Switch
+        self.switch = self.switch or Switch()
+        net = self.switch.up(run_dir, world_size, plan)
+        return net.address, net.port
+
+    def _loopback_store(self, run_dir: str, world_size: int) -> tuple[str, int]:
+        self.stores[run_dir], port = loopback_store(world_size)
+        return LOOPBACK, port
 
     def spawn(self, spec, fds: list[int]) -> bool:
         sys.stdout.flush()
@@ -192,6 +205,7 @@ class Server:
         for run in [r for r in self.ending if self.reaper.is_over(r)]:
             self.ending.discard(run)
             self.reaper.forget(run)
+            self.stores.pop(run, None)  # its destructor stops its thread, closes its port
             if self.switch is not None:
                 self.switch.down(run)
             # "warming" goes before "run-ended": the launcher knows before its run returns
@@ -219,6 +233,7 @@ class Server:
     def shutdown(self) -> None:
         """The launcher is gone: stop every rank and leftover, remove the run folders."""
         self.reaper.kill_everything()
+        self.stores.clear()
         for run_dir in list(self.switch.runs if self.switch else ()):
             self.switch.down(run_dir)
         for run_dir in self.run_dirs:

@@ -1,7 +1,9 @@
-"""The run's rendezvous: a TCPStore server on a socket bound to 127.0.0.1 by us.
+"""The run's rendezvous: a TCPStore server on a socket bound to 127.0.0.1 by us, hosted by
+the fork server inside its private network (launch/isolation.py).
 
 Binding it ourselves makes the port ours from the start (no race with another run) and
-keeps it off the network; ranks reach it as ``env://`` clients (TORCHELASTIC_USE_AGENT_STORE),
+keeps it off the network; the private namespace keeps it from the machine's other users.
+Ranks reach it as ``env://`` clients (TORCHELASTIC_USE_AGENT_STORE),
 so worker scripts run unchanged under torchrun.
 """
 
@@ -11,9 +13,12 @@ import os
 import socket
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def loopback_store(world_size: int):
     """``(store, port)``: a TCPStore server listening on 127.0.0.1 only (never 0.0.0.0)."""
-    return listening_store("127.0.0.1", world_size)
+    return listening_store(LOOPBACK, world_size)
 
 
 def listening_store(host: str, world_size: int):

@@ -13,6 +13,9 @@ promises:
   failed with which exit code, each rank's log holds its traceback;
 - after ``timeout`` seconds, ``WorkerTimeout`` with each stuck rank's Python stack (workers
   run with ``PYTHONFAULTHANDLER=1``, so SIGABRT makes them print it first);
+- private: the agent (its store listens on every interface of its network namespace, and
+  unpickles the rendezvous state it holds) and its workers run in a user + network
+  namespace of their own with only a loopback (isolation.py), which nobody else reaches;
 - nothing left: the agent runs in its own session and its workers in theirs (torchrun puts
   each worker in a new session), so cleanup walks the agent's process tree; if this process
   dies, the agent sees its stdin close and stops its workers itself.
@@ -102,7 +105,8 @@ class TorchrunSession:
         return self
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "ddp_lab.launch.torchrun.agent",
+        from ddp_lab.launch.isolation import prefix
+        command = [*prefix(), sys.executable, "-m", "ddp_lab.launch.torchrun.agent",
                    *torchrun_args(self.config, self.log_dir)]
         self.started = time.monotonic()
         self.agent = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -1,0 +1,100 @@
+"""``python -m ddp_lab.course.ch09_torchrun.elastic_launch``: notebook 09's ``elastic_launch``
+in a process of its own (``torchrun.launch_from_python`` starts it as a torchrun agent is
+started: in a private network, its output live, nothing left behind).
+
+Never in the kernel: the agent's rendezvous store listens on every interface and the agent
+unpickles the state it reads there, so whoever writes to that store runs code in the
+process that hosts the agent. Here that is this child, in a network nobody else reaches.
+
+The call (function by reference, its arguments, the launch settings) comes pickled in
+``DDP_LAB_ELASTIC_CALL`` (the environment of a process is readable by its user only); the
+values and the handler the agent left on SIGINT go back as this "rank 0"'s result in the
+run folder (``ddp_lab.report``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import uuid
+
+from ddp_lab.course.ports import lost_port_race, say_lost_port_race
+from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles, write_pickle
+
+CALL_VAR = "DDP_LAB_ELASTIC_CALL"
+
+
+def main() -> int:
+    """Restarting needs torch 2.13's shared rendezvous store turned off (pytorch/pytorch#135712:
+    restarted workers can read the previous attempt's gloo addresses), as notebook 08 does.
+    Without the shared store the agent picks the workers' port with a bind and a close, and
+    rank 0 binds it once torch is imported: a launch that lost that port (to another
+    program of this user: nobody else is in this network) is started again."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    fn, args, nproc, max_restarts, tries = pickle.loads(base64.b64decode(os.environ[CALL_VAR]))
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
+            _spawn_error_files_in(log_dir):
+        for attempt in range(1, tries + 1):
+            try:
+                values = _elastic_launch(fn, args, nproc, max_restarts, log_dir)
+                break
+            except ChildFailedError as err:
+                if attempt == tries or not lost_port_race(str(err)):
+                    raise
+                say_lost_port_race("launching again")
+    left = signal.getsignal(signal.SIGINT)
+    write_pickle(RunFiles(os.environ[RUN_DIR_VAR]).result(0),
+                 (dict(sorted(values.items())), getattr(left, "__name__", str(left))))
+    return 0
+
+
+def _elastic_launch(fn, args: tuple, nproc: int, max_restarts: int, log_dir: str) -> dict:
+    """One ``elastic_launch`` of ``fn(*args)``, its logs under ``log_dir``."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
+        monitor_interval=0.1, start_method="spawn", log_line_prefix_template="[rank ${rank}] ",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL))
+    return elastic_launch(config, fn)(*args)
+
+
+@contextlib.contextmanager
+def _spawn_error_files_in(folder: str):
+    """torch's spawn (``start_processes``) makes a traceback file per worker with
+    ``tempfile.NamedTemporaryFile(delete=False)`` and never removes the ones failed workers
+    wrote. Until the block ends, that one module's ``tempfile`` makes them in ``folder``.
+    Not ``tempfile.tempdir``: the whole process would see it, and torch's inductor keeps
+    the first temp folder it sees in ``TORCHINDUCTOR_CACHE_DIR`` for good."""
+    spawn = importlib.import_module("torch.multiprocessing.spawn")  # the module, not the function
+    saved = spawn.tempfile
+    spawn.tempfile = _TempfileIn(folder)
+    try:
+        yield
+    finally:
+        spawn.tempfile = saved
+
+
+class _TempfileIn:
+    """The ``tempfile`` module, but ``NamedTemporaryFile`` makes its files in ``folder``."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def NamedTemporaryFile(self, *args, **kwargs):  # noqa: N802 (tempfile's name)
+        return tempfile.NamedTemporaryFile(*args, **{"dir": self.folder, **kwargs})
+
+    def __getattr__(self, name: str):
+        return getattr(tempfile, name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
