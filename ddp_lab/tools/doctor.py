@@ -24,7 +24,17 @@ def environment_facts() -> list[str]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return [f"python {platform.python_version()}, torch {torch.__version__}, {platform.system()}",
             "backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in backends.items()),
-            f"CPU cores usable: {cores}, CUDA GPUs: {gpus}"]
+            f"CPU cores usable: {cores}, CUDA GPUs: {gpus}",
+            f"network of each run: {isolation_fact()}"]
+
+
+def isolation_fact() -> str:
+    """Where runs live: a private network (other users cannot reach them), or not and why."""
+    from ddp_lab.launch import isolation
+    try:
+        return isolation.describe()
+    except ValueError as exc:  # a DDP_LAB_ISOLATION value it does not know
+        return str(exc)
 
 
 def single_process_step() -> Check:

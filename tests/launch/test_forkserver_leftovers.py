@@ -254,7 +254,7 @@ def test_a_fork_server_stopped_before_the_run_ends_the_run(stopped_server_is_rel
     stopped_server_is_released.append(server)
     os.kill(server, signal.SIGSTOP)
     started = time.monotonic()
-    with pytest.raises(ForkServerUnresponsive, match="while starting the ranks"):
+    with pytest.raises(ForkServerUnresponsive, match="while setting up the run.s rendezvous"):
         ddp_lab.run(torch.distributed.get_rank, 2, timeout=2, echo=False)
     assert time.monotonic() - started < 2 + BOUND_SLACK_S
     assert wait_until_gone([server], seconds=0) == []
