@@ -16,12 +16,20 @@ class DrivenKernel(OwnKernel, KernelManager):
 
 
 def start_kernel(cwd: Path):
+    """A kernel and its client; the caller stops both (``shutdown_kernel`` also removes the
+    kernel's private folder, OwnKernel). A kernel that does not get ready is stopped here."""
     manager = DrivenKernel(kernel_name="python3")
-    manager.start_kernel(env=kernel_env(), cwd=str(cwd),
-                         extra_arguments=["--IPKernelApp.log_level=ERROR"])
-    client = manager.client()
-    client.start_channels()
-    client.wait_for_ready(timeout=120)
+    try:
+        manager.start_kernel(env=kernel_env(), cwd=str(cwd),
+                             extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        client = manager.client()
+        client.start_channels()
+        client.wait_for_ready(timeout=120)
+    except BaseException:
+        if manager.has_kernel:
+            manager.shutdown_kernel(now=True)
+        manager.cleanup_connection_file()
+        raise
     return manager, client
 
 

@@ -28,6 +28,32 @@ def chatty(lines: int) -> int:
     return lines
 
 
+def flood(lines: int, fail: bool = False) -> int:
+    """Rank 0 prints ``lines`` numbered lines of 100 bytes each (newline included), in
+    blocks, as a ``print`` left in a loop would; the others print one line. ``fail``: rank 0
+    raises once it is done."""
+    import sys
+    if dist.get_rank() != 0:
+        print("a quiet rank")
+        return 1
+    for start in range(0, lines, 10_000):
+        block = range(start, min(lines, start + 10_000))
+        sys.stdout.write("".join(f"{i:09d} {'x' * 89}\n" for i in block))
+    sys.stdout.flush()
+    if fail:
+        raise ValueError("failed after the flood")
+    return lines
+
+
+def no_newline(size: int) -> None:
+    """``size`` bytes of ``a`` without a newline, then a line of its own."""
+    import sys
+    for _ in range(size // 65536):
+        sys.stdout.write("a" * 65536)
+    sys.stdout.write("a" * (size % 65536) + "\n" + "end\n")
+    sys.stdout.flush()
+
+
 def listening_addresses() -> list[str]:
     import psutil
     dist.barrier()

@@ -22,6 +22,13 @@ from pathlib import Path
 RUN_DIR_VAR = "DDP_LAB_RUN_DIR"
 RUN_DIR_PREFIX = "ddp_lab-"  # then the launcher's pid: new_run_dir
 
+LOG_LIMIT_BYTES = 5 << 20
+"""How much of each rank's output the kernel keeps at each end (output/kept_log.py): its
+first 5 MB and its last 5 MB, the lines between counted and dropped. A log read by a
+person is far shorter; a rank that prints more is a ``print`` left in a loop, and keeping
+it all grew the kernel by a gigabyte in 8 seconds (security review 2026-11, F6).
+At 10 MB a rank, a 16-rank run keeps at most 160 MB."""
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -36,6 +43,7 @@ class LaunchConfig:
     script_args: tuple = ()
     init_group: bool = True  # False for ddp_lab.spawn: fn(rank, ...) initializes its own
     network: object = None  # network.Network: a shaped run; None: plain loopback
+    log_limit: int = LOG_LIMIT_BYTES  # per rank, of its output's head and of its tail
 
 
 @dataclass(frozen=True)

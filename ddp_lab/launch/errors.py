@@ -66,7 +66,8 @@ class WorkerError(DistributedRunError):
         if self.also_failed:
             lines += ["", "These ranks failed on their own as well:"]
             lines += [f"  rank {r}: {why}" for r, why in sorted(self.also_failed.items())]
-        lines += ["", "Each rank's full output is in err.logs[rank]."]
+        lines += ["", "Each rank's output is in err.logs[rank] (a long one: its first and last "
+                  "megabytes)."]
         return "\n".join(lines)
 
 

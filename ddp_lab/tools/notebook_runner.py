@@ -11,10 +11,10 @@ notebook, so the traceback is one click away), and the course's front page ``ind
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import tempfile
 import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -34,7 +34,8 @@ Progress = Callable[[str], object]
 
 
 class OwnKernel:
-    """Traits for a kernel manager: this interpreter's ``python3``, over Unix sockets.
+    """Traits for a kernel manager: this interpreter's ``python3``, over Unix sockets in a
+    private folder.
 
     Why this interpreter: a kernelspec in a user or system Jupyter folder (say
     ~/.local/share/jupyter, or /usr/local/share/jupyter) would otherwise shadow it and run
@@ -46,7 +47,14 @@ class OwnKernel:
     in between (a test's rendezvous, another kernel) takes one, and the kernel dies with
     EADDRINUSE ("Kernel didn't respond in 60 seconds"). A socket file named after the
     kernel's own connection file cannot be taken.
+    Why a private folder: jupyter_client names the sockets after the connection file (its
+    name less ``.json`` plus ``-ipc-N``). In the shared /tmp every user sees those names and
+    can bind them first: the kernel died at start and its client connected to the
+    squatter's sockets (security review 2026-11, F5). In a 0700 folder of a random name
+    nobody else can see or create them.
     """
+
+    _private_folder: str | None = None  # made by _connection_file_default, removed with it
 
     @default("kernel_spec_manager")
     def _kernel_spec_manager_default(self) -> KernelSpecManager:
@@ -58,12 +66,21 @@ class OwnKernel:
 
     @default("connection_file")
     def _connection_file_default(self) -> str:
-        """Absolute, so the kernel (started in the notebook's folder) finds the same
-        sockets, and short: the sockets are this name less ``.json`` plus ``-ipc-N``, and a
-        socket's path may hold 107 bytes (Jupyter's runtime folder under a long home may
-        not fit). The manager removes the file and the sockets when the kernel stops."""
-        name = f"ddp-lab-kernel-{uuid.uuid4().hex[:12]}.json"
-        return os.path.join(tempfile.gettempdir(), name)
+        """``k.json`` in a new folder of its own (mkdtemp: 0700, a random name). Absolute,
+        so the kernel (started in the notebook's folder) finds the same sockets, and short:
+        a socket's path may hold 107 bytes, and ``/tmp/ddp-lab-k-XXXXXXXX/k-ipc-5`` is 31
+        (Jupyter's runtime folder under a long home may not fit)."""
+        self._private_folder = tempfile.mkdtemp(prefix="ddp-lab-k-")
+        return os.path.join(self._private_folder, "k.json")
+
+    def cleanup_connection_file(self) -> None:
+        """The connection file, the sockets beside it and their folder: the manager calls
+        this when the kernel stops for good (not on a restart) and when it is collected;
+        ``_execute`` calls it whatever happened. Idempotent."""
+        super().cleanup_connection_file()
+        if self._private_folder is not None:
+            shutil.rmtree(self._private_folder, ignore_errors=True)
+            self._private_folder = None
 
 
 class CurrentInterpreterKernel(OwnKernel, AsyncKernelManager):
@@ -102,20 +119,22 @@ def kernel_env() -> dict[str, str]:
 def _execute(nb, cwd: Path, timeout: float) -> tuple[int | None, Exception | None]:
     """Run ``nb`` in place; return (index of the last cell started, the error or None)."""
     current: list[int] = []
+    manager = CurrentInterpreterKernel(kernel_name="python3")
     client = NotebookClient(
         nb,
+        km=manager,  # ours, so that its folder is removed below (OwnKernel says why)
         timeout=timeout,
-        kernel_name="python3",
-        kernel_manager_class=CurrentInterpreterKernel,
         resources={"metadata": {"path": str(cwd)}},
         # ipykernel >= 7 warns on every start that local sockets are unencrypted; errors show.
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
         on_cell_execute=lambda cell, cell_index: current.append(cell_index),
     )
     try:
-        client.execute(env=kernel_env())
+        client.execute(env=kernel_env(), cleanup_kc=True)  # it stops our kernel as its own
     except Exception as exc:  # noqa: BLE001 - any failure becomes a report, not a crash
         return (current[-1] if current else None), exc
+    finally:  # also a kernel that never started, and the stop button
+        manager.cleanup_connection_file()
     return None, None
 
 

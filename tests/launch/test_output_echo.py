@@ -152,4 +152,5 @@ def test_the_notebook_echo_batches_and_says_what_it_left_out(monkeypatch):
     shown = sum(w.count(f"[rank 0] {line}\n") for w in writes)
     assert shown * 110 <= echo.ECHO_BURST_BYTES + 10 * echo.ECHO_BYTES_PER_S
     assert shown + _left_out("".join(writes)) == 100_000
-    assert "".join(writes).endswith("every line is in res.logs (or err.logs)\n")
+    assert "".join(writes).endswith("res.logs (or err.logs) keep them (a rank's first and last "
+                                     "megabytes when it prints more)\n")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +73,36 @@ def test_passing_notebook_is_executed_with_its_figure(course: Path, tmp_path: Pa
     assert any("hello from the notebook folder" in str(o.get("data", {})) for o in outputs)
     assert any("image/png" in o.get("data", {}) for o in outputs), "figure not captured"
     assert (build / "html" / "a_pass.html").read_text().count("<img") >= 1
+
+
+KERNEL_FILES = nbformat.v4.new_code_cell(
+    "import json, os, stat\n"
+    "from ipykernel.connect import get_connection_file\n"
+    "folder = os.path.dirname(get_connection_file())\n"
+    "print(json.dumps({'folder': folder, 'mode': stat.S_IMODE(os.stat(folder).st_mode),\n"
+    "                  'names': sorted(os.listdir(folder))}))")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ending", ["passes", "kernel dies"])
+def test_the_kernels_sockets_are_in_a_private_folder_removed_after_the_run(
+        tmp_path: Path, ending: str):
+    """Nobody else can see or bind the kernel's socket names (security review 2026-11, F5:
+    in the shared /tmp they could), and nothing is left, also when the kernel dies."""
+    dies = [nbformat.v4.new_code_cell("import os\nos._exit(1)")] if ending != "passes" else []
+    path = tmp_path / "files.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[KERNEL_FILES, *dies]), path)
+
+    report = execute_notebook(path, tmp_path / "build", timeout_per_cell=60)
+
+    assert report.ok == (ending == "passes"), report.describe()
+    seen = json.loads(_outputs(report.executed_path)[0]["text"])
+    # 0o700, plus the sticky bit that jupyter_client sets on a connection file's folder
+    assert seen["mode"] & 0o777 == 0o700 and "k.json" in seen["names"]
+    sockets = [name for name in seen["names"] if re.fullmatch(r"k-ipc-\d+", name)]
+    assert len(sockets) == len(seen["names"]) - 1 >= 5
+    assert all(len(os.path.join(seen["folder"], name)) < 107 for name in sockets)
+    assert not os.path.exists(seen["folder"])
 
 
 @pytest.mark.timeout(120)

@@ -26,7 +26,7 @@ def verdict(session, call) -> RunResult:
     """The call's RunResult (values and logs of the ranks it went to, in that order), or
     raise its error with ``err.session`` set to "kept", "restart" or "stopped"."""
     __tracebackhide__ = True
-    logs = session.logs(call)
+    logs = session.logs()
     seconds = time.monotonic() - call.started
     if call.died or call.stuck or any(r.status != "ok" for r in call.replies.values()):
         raise _failure(session, call, logs, seconds)

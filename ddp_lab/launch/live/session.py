@@ -30,14 +30,13 @@ from ddp_lab.launch.verdict.rank_state import RankState
 
 @dataclass
 class CallState:
-    """One call in flight: who was asked, who answered, what they printed meanwhile."""
+    """One call in flight: who was asked, who answered, how it ended."""
 
     seq: int
     targets: list[int]
     timeout: float
     started: float = field(default_factory=time.monotonic)
     replies: dict[int, Reply] = field(default_factory=dict)
-    marks: dict[int, int] = field(default_factory=dict)   # rank -> its first line of this call
     first_failure: float | None = None
     stuck: list[int] = field(default_factory=list)
     stacks: dict[int, str] = field(default_factory=dict)
@@ -91,7 +90,6 @@ class LiveSession(Session):
         """Start the ranks; each says it is ready (its group is up) as reply 0."""
         self.start()
         call = CallState(0, list(range(self.config.world_size)), self.config.timeout)
-        call.marks = {rank: 0 for rank in call.targets}
         return self._finish(call)
 
     # -- a call ---------------------------------------------------------------------------
@@ -103,7 +101,7 @@ class LiveSession(Session):
         self.seq += 1
         call = CallState(self.seq, sorted(bodies), timeout)
         self.echo = make_echo(self.config.echo)
-        self._mark(call)
+        self._new_logs()
         try:
             for rank in call.targets:
                 self._send(call, rank, Call(call.seq, kind, bodies[rank]))
@@ -114,12 +112,15 @@ class LiveSession(Session):
         finally:
             self.echo.close()
 
-    def _mark(self, call: CallState) -> None:
-        """What the ranks printed between calls (a thread of theirs) is shown now; this
-        call's logs start after it."""
+    def _new_logs(self) -> None:
+        """What the ranks printed between calls (a thread of theirs) is shown now, then
+        every rank's log starts afresh: each call's RunResult has the lines of its own, and
+        the session keeps no history that grows with every call (security review 2026-11,
+        F6)."""
         for out in self.output.read_ready(time.monotonic() + 0.5):
             self._show(out)
-        call.marks = {s.rank: len(s.lines) for s in self.ranks}
+        for state in self.ranks:
+            state.lines.clear()
 
     def _send(self, call: CallState, rank: int, message: Call) -> None:
         try:
@@ -210,9 +211,9 @@ class LiveSession(Session):
         return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files,
                               offsets)
 
-    def logs(self, call: CallState) -> list[str]:
-        """Each rank's lines of this call (all ranks, in rank order)."""
-        return ["\n".join(s.lines[call.marks.get(s.rank, len(s.lines)):]) for s in self.ranks]
+    def logs(self) -> list[str]:
+        """Each rank's lines of the latest call (all ranks, in rank order)."""
+        return [s.lines.text() for s in self.ranks]
 
 
 def _size(path) -> int:

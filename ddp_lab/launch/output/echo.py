@@ -182,7 +182,8 @@ class SilentEcho(PlainEcho):
 
 def left_out_notice(count: int) -> str:
     return (f"[ddp_lab] {count} line{'s' * (count != 1)} not shown here: the ranks print faster "
-            "than a notebook can display; every line is in res.logs (or err.logs)\n")
+            "than a notebook can display; res.logs (or err.logs) keep them (a rank's first and "
+            "last megabytes when it prints more)\n")
 
 
 def tag(owner: int | str) -> str:

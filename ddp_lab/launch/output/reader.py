@@ -21,6 +21,11 @@ CHUNK = 1 << 16
 # A redrawn line longer than this is no progress bar: stop re-reading it as a status on
 # every chunk (that would cost time quadratic in its length) until it ends as a line.
 MAX_STATUS_BYTES = 4096
+# A line longer than this is cut into lines of this length, also while it is unfinished: a
+# rank that never prints a newline (binary data, a display redrawn without \r) must not
+# grow the kernel's memory without bound (security review 2026-11, F6); no line a person
+# reads is this long.
+MAX_LINE_BYTES = 1 << 20
 
 Route = Callable[[bytes], list[tuple[Hashable, bytes]]]
 
@@ -53,9 +58,9 @@ class LineSplitter:
         if complete:
             complete[0] = b"".join([*self._pieces, complete[0]])
             self._pieces, self._size, self._redrawn = [], 0, False
-            lines = [visible_text(raw) for raw in complete]
+            lines = [visible_text(part) for raw in complete for part in _cut(raw)]
         self._keep(tail)
-        return lines, self._status()
+        return lines + self._cut_unfinished(), self._status()
 
     def flush(self) -> list[str]:
         """The unfinished line as a line (its stream ended without a newline)."""
@@ -69,10 +74,39 @@ class LineSplitter:
             self._pieces.append(tail)
             self._size += len(tail)
 
+    def _cut_unfinished(self) -> list[str]:
+        """The unfinished line's first ``MAX_LINE_BYTES`` as a line, once it is longer:
+        where a newline would have cut it (``_cut``)."""
+        if self._size <= MAX_LINE_BYTES:
+            return []
+        *full, rest = _cut(b"".join(self._pieces))
+        self._pieces, self._size = [rest], len(rest)
+        return [visible_text(part) for part in full]
+
     def _status(self) -> str | None:
         if not self._redrawn or self._size > MAX_STATUS_BYTES:
             return None
         return visible_text(b"".join(self._pieces))
+
+
+def _cut(raw: bytes) -> list[bytes]:
+    """A line as lines of at most ``MAX_LINE_BYTES``, each cut at a character's start, so
+    that where a long line is cut depends on its bytes only, not on how the pipe split it."""
+    parts = []
+    while len(raw) > MAX_LINE_BYTES:
+        at = _char_start(raw, MAX_LINE_BYTES)
+        parts.append(raw[:at])
+        raw = raw[at:]
+    return [*parts, raw]
+
+
+def _char_start(data: bytes, at: int) -> int:
+    """``at``, or the start of the UTF-8 character ``at`` falls in (continuation bytes are
+    0b10xxxxxx; a character has at most three)."""
+    start = at
+    while start > at - 3 and data[start] & 0xC0 == 0x80:
+        start -= 1
+    return start
 
 
 @dataclass(frozen=True)
