@@ -18,7 +18,7 @@ from ddp_lab.launch.rank.progress import progress
 from ddp_lab.launch.mp_spawn import spawn
 from ddp_lab.launch.forkserver.client import shutdown
 from ddp_lab.launch.rank.main import report
-from ddp_lab.launch.isolation import IsolationUnavailable, SharedNetworkWarning
+from ddp_lab.launch.network.isolation import IsolationUnavailable, SharedNetworkWarning
 
 __all__ = ["run", "run_script", "spawn", "report", "Ranks", "RunResult", "DistributedRunError",
            "WorkerError", "WorkerTimeout", "UnreadableResult", "ForkServerUnresponsive",

@@ -14,7 +14,9 @@ def free_loopback_port() -> int:
     between another program may take the port; rank 0's bind then fails with "Address
     already in use" and a rerun picks a new one (torchrun's own ``get_free_port`` has the
     same race and says so). ddp_lab's launcher avoids it by keeping its socket open and
-    handing it to its store.
+    handing it to its store. The demos that use this run in a private network
+    (launch/network/isolation.py), where no other user's program can take the port: only where the
+    system refuses one (``DDP_LAB_ISOLATION``'s fallback) could another user's.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))

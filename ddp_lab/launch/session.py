@@ -1,5 +1,5 @@
-"""One run's machinery: a private folder, a rendezvous in a private network, N ranks, their output,
-their deadline, and a cleanup that leaves nothing behind whatever happened.
+"""One run's machinery: a private folder, a rendezvous in a private network, N ranks, their
+output, their deadline, and a cleanup that leaves nothing behind whatever happened.
 
 Interrupt-safe by construction: ``__enter__`` creates nothing, so from the moment a
 Session exists its ``__exit__`` runs; every resource is registered for cleanup the moment
@@ -106,7 +106,7 @@ class Session:
 
     def _set_up_network(self) -> None:
         """The fork server hosts the run's store in its private network, where the ranks
-        reach it and nobody else can (isolation.py); a shaped run's server builds the links
+        reach it and nobody else can (network/isolation.py); a shaped run's server builds the links
         and puts the store on their bridge. End-run takes them down (server.py)."""
         from ddp_lab.launch.network.setting import link_plan, not_built
         shaped = self.config.network is not None

@@ -16,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ddp_lab.launch.network.isolation import prefix
 from ddp_lab.scripts import script_path
 
 TARGET_WARM_SPEEDUP = 15.0   # warm must be at least this many times faster than torchrun
@@ -48,11 +49,12 @@ def measure_launches(world_size: int = 4, repeats: int = 3, warm_repeats: int = 
     """Time each launcher; ``progress(name, seconds)`` is told of every measurement."""
     times = LaunchTimes(world_size)
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab_bench-{os.getpid()}-") as log_dir:
+        private = list(prefix())  # the peers' stores too: nobody else's to reach
         commands = {
-            "torchrun": torchrun_command(world_size, log_dir),
-            "mp.spawn script": [sys.executable, script_path("mp_spawn_all_reduce.py"),
+            "torchrun": [*private, *torchrun_command(world_size, log_dir)],
+            "mp.spawn script": [*private, sys.executable, script_path("mp_spawn_all_reduce.py"),
                                 str(world_size)],
-            "ddp_lab cold": [sys.executable, "-c", COLD_CODE.format(n=world_size)],
+            "ddp_lab cold": [sys.executable, "-c", COLD_CODE.format(n=world_size)],  # its own
         }
         for name, command in commands.items():
             times.seconds[name] = [_tell(progress, name, time_command(command))

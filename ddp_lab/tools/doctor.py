@@ -30,7 +30,7 @@ def environment_facts() -> list[str]:
 
 def isolation_fact() -> str:
     """Where runs live: a private network (other users cannot reach them), or not and why."""
-    from ddp_lab.launch import isolation
+    from ddp_lab.launch.network import isolation
     try:
         return isolation.describe()
     except ValueError as exc:  # a DDP_LAB_ISOLATION value it does not know

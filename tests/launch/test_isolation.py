@@ -1,4 +1,4 @@
-"""Every run in a private network (launch/isolation.py): the ranks, the store, torchrun's
+"""Every run in a private network (launch/network/isolation.py): the ranks, the store, torchrun's
 agents and workers live in a user + network namespace of their own, as their own user; on a
 system that refuses user namespaces, ``auto`` warns once and falls back, ``strict`` refuses
 before any rank starts, ``off`` uses the machine's network. (The attacks as another user:
@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 import ddp_lab
-from ddp_lab.launch import isolation
+from ddp_lab.launch.network import isolation
 from ddp_lab.launch.torchrun.agents import Agent, ThisMachine, run_agents
 
 pytestmark = pytest.mark.timeout(180)
@@ -114,7 +114,7 @@ def test_the_holder_of_a_shared_network_ends_with_its_stdin():
 REFUSED = textwrap.dedent("""
     import os, sys, warnings
     import ddp_lab
-    from ddp_lab.launch import isolation
+    from ddp_lab.launch.network import isolation
     from ddp_lab.launch.forkserver.client import fork_server_pid
     sys.path.insert(0, {tests!r})
     from launch.test_isolation import where_am_i

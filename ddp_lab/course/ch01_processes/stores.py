@@ -5,7 +5,7 @@ key-value store and reads the others'. The ``init_method`` names that store: env
 tcp:// a TCPStore at host:port, file:// a FileStore on a file every rank sees. Each of the
 three methods runs here in fresh ranks (this file run as a script, as torchrun would), and
 the stores are then used directly (``register``). Everything listens on 127.0.0.1 only,
-inside the run's private network (launch/isolation.py): no other user reaches it.
+inside the run's private network (launch/network/isolation.py): no other user reaches it.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from ddp_lab.launch.torchrun.agents import Agent, AgentsResult, run_agents
 from ddp_lab.course.ports import free_loopback_port
 from ddp_lab.course.netns import Host
 from ddp_lab.launch.forkserver.process_tree import kill_tree
+from ddp_lab.launch.network.isolation import PrivateNetwork
 
 RDZV_PORT = 29400  # torchrun's usual rendezvous port: free in a fresh namespace
 
@@ -141,24 +142,25 @@ def connectivity_check(cluster: Cluster) -> list[str]:
     on: refused means the host answered, i.e. it is reachable (what ``ping`` would say)."""
     node0, node1 = cluster.hosts
     port = cluster.port
-    listener = subprocess.Popen(node0.command(_port_check("listen", str(port), "--timeout",
-                                                          "20")),
-                                stdout=subprocess.PIPE, text=True)
-    try:
-        lines = [f"{node0.name}$ nc -l {port}   ->  {listener.stdout.readline().strip()}"]
-        lines.append(_connect_line(node1, node0.name, port))
-        listener.wait(timeout=20)
-        lines.append(f"{node0.name}: {listener.stdout.read().strip()}")
-        lines.append(_connect_line(node1, node0.name, port + 1))
-        return lines
-    finally:
-        kill_tree(listener.pid)
-        listener.wait()
-        listener.stdout.close()
+    with PrivateNetwork() as net:  # "hosts" that are this machine: a loopback of their own
+        listener = subprocess.Popen(net.command(node0, _port_check("listen", str(port),
+                                                                   "--timeout", "20")),
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            lines = [f"{node0.name}$ nc -l {port}   ->  {listener.stdout.readline().strip()}"]
+            lines.append(_connect_line(net, node1, node0.name, port))
+            listener.wait(timeout=20)
+            lines.append(f"{node0.name}: {listener.stdout.read().strip()}")
+            lines.append(_connect_line(net, node1, node0.name, port + 1))
+            return lines
+        finally:
+            kill_tree(listener.pid)
+            listener.wait()
+            listener.stdout.close()
 
 
-def _connect_line(host: Host, target: str, port: int) -> str:
-    done = subprocess.run(host.command(_port_check("connect", target, str(port))),
+def _connect_line(net: PrivateNetwork, host: Host, target: str, port: int) -> str:
+    done = subprocess.run(net.command(host, _port_check("connect", target, str(port))),
                           capture_output=True, text=True, timeout=30)
     return f"{host.name}$ nc -zv {target} {port}   ->  {done.stdout.strip()}"
 

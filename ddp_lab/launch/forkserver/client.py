@@ -240,8 +240,8 @@ class _Holder:
 
 def _private_prefix() -> tuple[str, ...]:
     """The server, its ranks and the stores it hosts live in a user and network namespace
-    of their own (isolation.py): no port of a run exists in the machine's namespace."""
-    from ddp_lab.launch.isolation import prefix
+    of their own (network/isolation.py): no port of a run exists in the machine's namespace."""
+    from ddp_lab.launch.network.isolation import prefix
     return prefix()
 
 

@@ -131,7 +131,7 @@ class Server:
 
     def net_up(self, run_dir: str, world_size: int, plan) -> bool:
         """The run's store (and a shaped run's links): hosted here, inside this server's
-        private network (isolation.py), where the ranks reach it and nobody else can."""
+        private network (network/isolation.py), where the ranks reach it and nobody else can."""
         try:
             address = self._shaped_net(run_dir, world_size, plan) if plan is not None else \
                 self._loopback_store(run_dir, world_size)

@@ -1,5 +1,5 @@
 """The run's rendezvous: a TCPStore server on a socket bound to 127.0.0.1 by us, hosted by
-the fork server inside its private network (launch/isolation.py).
+the fork server inside its private network (launch/network/isolation.py).
 
 Binding it ourselves makes the port ours from the start (no race with another run) and
 keeps it off the network; the private namespace keeps it from the machine's other users.

@@ -31,7 +31,7 @@ from typing import Protocol
 from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles, new_run_dir, package_pythonpath
 from ddp_lab.launch.deadlines import AGENTS_DRAIN_S, Deadline
 from ddp_lab.launch.forkserver.process_tree import kill_tree
-from ddp_lab.launch.interrupts import deferred
+from ddp_lab.launch.network.isolation import PrivateNetwork
 from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.output.run_loop import RunLoop
@@ -47,7 +47,7 @@ _ERROR_LINE = re.compile(r"^(?:\[rank\d+\]: )?((?:[\w]+\.)*\w*(?:Error|Exception
 class Host(Protocol):
     """Where an agent runs: ``ddp_lab.course.netns.Host`` (a network namespace or this
     machine) is one; ``ThisMachine`` is the plain one. ``netns`` None: this machine's
-    network, which the runner replaces by a private one (isolation.py)."""
+    network, which the runner replaces by a private one (network/isolation.py)."""
 
     name: str
     netns: str | None
@@ -146,44 +146,6 @@ def run_agents(agents: list[Agent], timeout: float = 60.0, echo: bool = True,
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-class PrivateNetwork:
-    """One private user + network namespace for the agents of a run that live on this
-    machine (isolation.py): they reach each other on its loopback, and nobody else reaches
-    their stores (torchrun's listens on every interface of its namespace, and unpickles
-    what it holds). A holder process keeps it until ``close``, or until this process dies
-    (its stdin closes)."""
-
-    def __init__(self):
-        self.holder: subprocess.Popen | None = None
-
-    def prefix(self) -> list[str]:
-        """The command prefix that puts an agent in the namespace ([] where runs use the
-        machine's network: isolation.private() said why, once)."""
-        from ddp_lab.launch import isolation
-        if self.holder is None:
-            if not isolation.private():
-                return []
-            with deferred():  # a Ctrl-C now would leave a holder nobody closes
-                self.holder = subprocess.Popen(isolation.helper_command("--hold"),
-                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True)
-            if self.holder.stdout.readline().strip() != "ready":
-                said = self.holder.stderr.read().strip()
-                self.close()
-                raise RuntimeError("the private network for torchrun's agents could not be "
-                                   f"made, though the probe could: {said}")
-        return isolation.helper_command("--join", str(self.holder.pid), "--")
-
-    def close(self) -> None:
-        """End the holder (the namespace goes when the last agent inside it is gone)."""
-        holder, self.holder = self.holder, None
-        if holder is not None:
-            holder.stdin.close()
-            holder.wait()
-            holder.stdout.close()
-            holder.stderr.close()
-
-
 class _Runner:
     def __init__(self, agents: list[Agent], labels: list[str], run_dir: str, echo: bool):
         self.agents, self.labels, self.run_dir = agents, labels, run_dir
@@ -232,8 +194,7 @@ class _Runner:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", RUN_DIR_VAR: self.run_dir,
                "PET_LOG_DIR": os.path.join(self.run_dir, "logs", self.labels[i]),
                "PYTHONPATH": package_pythonpath(os.environ), **agent.env}
-        where = self.network.prefix() if agent.host.netns is None else []
-        process = subprocess.Popen([*where, *agent.host.command(agent.argv())],
+        process = subprocess.Popen(self.network.command(agent.host, agent.argv()),
                                    stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env=env, start_new_session=True)

@@ -15,7 +15,7 @@ promises:
   run with ``PYTHONFAULTHANDLER=1``, so SIGABRT makes them print it first);
 - private: the agent (its store listens on every interface of its network namespace, and
   unpickles the rendezvous state it holds) and its workers run in a user + network
-  namespace of their own with only a loopback (isolation.py), which nobody else reaches;
+  namespace of their own with only a loopback (network/isolation.py), which nobody else reaches;
 - nothing left: the agent runs in its own session and its workers in theirs (torchrun puts
   each worker in a new session), so cleanup walks the agent's process tree; if this process
   dies, the agent sees its stdin close and stops its workers itself.
@@ -85,7 +85,7 @@ class TorchrunSession:
 
     def __init__(self, config: LaunchConfig):
         self.config = config
-        self.ranks = [RankState(r) for r in range(config.world_size)]
+        self.ranks = RankState.of_run(config)
         self.agent_lines: list[str] = []  # the agent's own (unprefixed) output
         self.output = OutputReader()
         self.echo = make_echo(config.echo)
@@ -105,7 +105,7 @@ class TorchrunSession:
         return self
 
     def start(self) -> None:
-        from ddp_lab.launch.isolation import prefix
+        from ddp_lab.launch.network.isolation import prefix
         command = [*prefix(), sys.executable, "-m", "ddp_lab.launch.torchrun.agent",
                    *torchrun_args(self.config, self.log_dir)]
         self.started = time.monotonic()

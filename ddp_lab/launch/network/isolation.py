@@ -232,6 +232,57 @@ def prefix() -> tuple[str, ...]:
     return (*helper_command(), "--") if private() else ()
 
 
+class PrivateNetwork:
+    """One private namespace for several processes that must reach each other on one
+    loopback (torchrun agents of a multi-node demo on this machine, a listener and its
+    client): nobody else reaches their ports (torchrun's store listens on every interface
+    of its namespace, and unpickles what it holds). A ``--hold`` process keeps it until
+    ``close``, or until this process dies (the holder's stdin closes); each process joins
+    it with ``--join``."""
+
+    def __init__(self):
+        self.holder: subprocess.Popen | None = None
+
+    def prefix(self) -> list[str]:
+        """The command prefix that puts a process in the namespace ([] where runs use the
+        machine's network: ``private()`` said why, once)."""
+        from ddp_lab.launch.interrupts import deferred
+        if self.holder is None:
+            if not private():
+                return []
+            with deferred():  # a Ctrl-C now would leave a holder nobody closes
+                self.holder = subprocess.Popen(helper_command("--hold"),
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True)
+            if self.holder.stdout.readline().strip() != "ready":
+                said = self.holder.stderr.read().strip()
+                self.close()
+                raise IsolationUnavailable("a private network could not be made, though "
+                                           f"the probe could: {why_refused(said)}")
+        return helper_command("--join", str(self.holder.pid), "--")
+
+    def command(self, host, argv: list[str]) -> list[str]:
+        """``argv`` as run on ``host`` (a course ``Host``, or agents.ThisMachine): in this
+        private network when the host is this machine's network (its ``netns`` is None)."""
+        where = self.prefix() if host.netns is None else []
+        return [*where, *host.command(argv)]
+
+    def __enter__(self) -> "PrivateNetwork":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the holder (the namespace goes when the last agent inside it is gone)."""
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait()
+            holder.stdout.close()
+            holder.stderr.close()
+
+
 def describe() -> str:
     """One line for ``ddp-lab doctor``: where this machine's runs live."""
     chosen = mode()
