@@ -57,6 +57,10 @@ SLOW = {
         "test_a_dead_fork_server_is_replaced": 8,
         "test_ranks_failing_on_their_own_are_not_called_knock_on": 7,
     },
+    "tests/launch/test_isolation_attacks.py": {
+        "test_run_script_under_torchrun_is_out_of_reach": 5,
+        "test_the_courses_torchrun_agent_is_out_of_reach": 5,
+    },
     "tests/launch/test_api_run.py": {
         "test_two_launcher_processes_at_once_never_collide": 38,
     },
