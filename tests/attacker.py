@@ -208,6 +208,24 @@ def try_setns(pid: int) -> dict:
     return outcome
 
 
+def try_squat(folder: str) -> dict:
+    """What F5's squatter did to a kernel's ipc sockets, in the kernel's folder: list it,
+    bind a socket name a kernel would use next, connect to one it uses."""
+    outcome = {}
+    try:
+        outcome["list"] = sorted(os.listdir(folder))
+    except OSError as exc:
+        outcome["list"] = _error(exc)
+    for step, name in (("bind", "k-ipc-9"), ("connect", "k-ipc-1")):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                getattr(sock, step)(os.path.join(folder, name))
+                outcome[step] = "ok"
+            except OSError as exc:
+                outcome[step] = _error(exc)
+    return outcome
+
+
 # -- the attack ---------------------------------------------------------------------------
 def attack(uid: int, only_inodes: set[int] | None, ports: list[int], timeout: float,
            write: bool) -> dict:
@@ -257,8 +275,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ns-pids", default="", help="pids whose network namespace to enter")
     parser.add_argument("--timeout", type=float, default=1.0, help="per connection, seconds")
     parser.add_argument("--no-set", action="store_true", help="read the store, never write")
+    parser.add_argument("--squat", default=None, help="a kernel's socket folder to squat in")
     args = parser.parse_args(argv)
     start = time.monotonic()
+    if args.squat:
+        json.dump({"squat": try_squat(args.squat)}, sys.stdout)
+        print()
+        return 0
     report = {"attacker_uid": os.getuid(), "victim_uid": args.uid,
               **attack(args.uid, None if args.only_inodes is None
                        else set(_numbers(args.only_inodes)), _numbers(args.ports),

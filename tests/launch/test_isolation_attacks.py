@@ -79,10 +79,16 @@ class OtherUser:
         """Run the attacker as this user (no groups, a minimal environment, in /) and
         return its JSON report."""
         joined = lambda numbers: ",".join(str(n) for n in sorted(numbers))  # noqa: E731
+        return self._run("--uid", str(victim_uid), "--only-inodes", joined(only_inodes),
+                         "--ports", joined(ports), "--ns-pids", joined(ns_pids))
+
+    def squat(self, folder: str) -> dict:
+        """The attacker's try at a kernel's socket folder (attacker.try_squat)."""
+        return self._run("--uid", str(os.getuid()), "--squat", folder)["squat"]
+
+    def _run(self, *args: str) -> dict:
         done = subprocess.run(
-            [SYSTEM_PYTHON, "-I", self.script, "--uid", str(victim_uid),
-             "--only-inodes", joined(only_inodes), "--ports", joined(ports),
-             "--ns-pids", joined(ns_pids)],
+            [SYSTEM_PYTHON, "-I", self.script, *args],
             user=self.uid, group=self.gid, extra_groups=[], cwd="/",
             env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
             capture_output=True, text=True, timeout=ATTACKER_S)
@@ -461,3 +467,20 @@ def test_the_courses_torchrun_agent_is_out_of_reach(other_user, tmp_path):
     result = succeeded(outcome)
     assert result.returncode == 0, result.output
     assert result.output.count("held, all_reduce 2.0") == 2
+
+
+def test_the_notebook_runners_kernel_sockets_cannot_be_squatted(other_user, tmp_path):
+    """F5: the runner's kernel keeps its connection file and ipc sockets in a private
+    folder; another user can neither list it, nor bind a name there, nor connect, and the
+    kernel goes on answering."""
+    from kernel_helpers import execute, start_kernel
+    manager, client = start_kernel(tmp_path)
+    try:
+        folder = os.path.dirname(manager.connection_file)
+        seen = other_user.squat(folder)
+        assert execute(client, "print(6 * 7)").printed.strip() == "42"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert seen == {"list": "EACCES", "bind": "EACCES", "connect": "EACCES"}, seen
+    assert not os.path.exists(folder)
