@@ -74,6 +74,21 @@ def check_timeout(timeout) -> float:
 
 
 def check_env(env) -> dict[str, str]:
+    """``env`` checked, and the documented switches it or this process's environment set
+    (``DDP_LAB_ISOLATION``, ``DDP_LAB_RANK_LIMITS``): a typo there fails here, not later."""
+    checked = _checked_env(env)
+    check_switches({**os.environ, **checked})
+    return checked
+
+
+def check_switches(env: Mapping[str, str]) -> None:
+    from ddp_lab.launch.network.isolation import mode
+    from ddp_lab.launch.rank.limits import LIMITS_VAR, parse_limits
+    mode(env)
+    parse_limits(env.get(LIMITS_VAR, ""))
+
+
+def _checked_env(env) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, Mapping):

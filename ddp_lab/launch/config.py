@@ -64,6 +64,7 @@ class RankSpec:
     init_group: bool = True
     network: bool = False  # forked into its own network namespace (network/switch.py)
     gpu_per_rank: bool = False  # NCCL moves CUDA tensors: the rank owns GPU LOCAL_RANK
+    limits: tuple = ()  # (name, value) resource limits, DDP_LAB_RANK_LIMITS (rank/limits.py)
 
 
 def rank_spec(config: LaunchConfig, rank: int, run_dir: str, base_env: dict) -> RankSpec:
@@ -78,7 +79,14 @@ def rank_spec(config: LaunchConfig, rank: int, run_dir: str, base_env: dict) -> 
                     backend=c.backend, threads=threads_per_rank(c.world_size),
                     pg_timeout_s=c.timeout + 60.0, script=c.script, script_args=c.script_args,
                     init_group=c.init_group, network=c.network is not None,
-                    gpu_per_rank=uses_nccl(c.backend))
+                    gpu_per_rank=uses_nccl(c.backend), limits=rank_limits(base_env))
+
+
+def rank_limits(env: dict[str, str]) -> tuple:
+    """The resource limits ``env`` asks every rank to run under (checked before the run:
+    checks.check_switches)."""
+    from ddp_lab.launch.rank.limits import LIMITS_VAR, parse_limits
+    return parse_limits(env.get(LIMITS_VAR, ""))
 
 
 def new_run_dir() -> str:

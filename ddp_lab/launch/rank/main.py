@@ -24,6 +24,7 @@ import cloudpickle
 from ddp_lab.launch.config import RUN_DIR_VAR, RankSpec, RunFiles, write_pickle
 from ddp_lab.launch.errors import safe_message, short_message
 from ddp_lab.launch.rank import teardown
+from ddp_lab.launch.rank.limits import apply_limits
 
 STACK_SIGNAL = signal.SIGUSR1
 LAUNCHER_MODULES = ("ddp_lab.launch.rank.main", "ddp_lab.launch.rank.cell",
@@ -57,6 +58,7 @@ def _become_rank_process(spec: RankSpec, output_fd: int) -> None:
         stream.reconfigure(line_buffering=True, write_through=True)
     os.environ.clear()
     os.environ.update(spec.env)
+    apply_limits(spec.limits)
     os.chdir(spec.cwd)
     sys.path[:] = list(spec.sys_path)
     import torch

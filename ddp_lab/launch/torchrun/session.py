@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from ddp_lab.launch.config import (RUN_DIR_VAR, LaunchConfig, RunFiles, loopback_env, new_run_dir,
-                                   package_pythonpath, threads_per_rank, write_pickle)
+                                   package_pythonpath, rank_limits, threads_per_rank,
+                                   write_pickle)
 from ddp_lab.launch.deadlines import DRAIN_QUIET_S, TORCHRUN_STACK_WAIT_S, Deadline
 from ddp_lab.launch.errors import DistributedRunError
 from ddp_lab.launch.forkserver.process_tree import (kill_tree, send, send_to_main_thread,
@@ -44,6 +45,7 @@ from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.output.run_loop import RunLoop
+from ddp_lab.launch.rank.limits import apply_limits
 from ddp_lab.launch.torchrun.agent import FAILURES_FILE
 from ddp_lab.launch.torchrun.tee import PREFIX_TEMPLATE, TeeDemux, error_record
 from ddp_lab.launch.verdict.outcome import RunResult, conclude
@@ -109,11 +111,14 @@ class TorchrunSession:
         command = [*prefix(), sys.executable, "-m", "ddp_lab.launch.torchrun.agent",
                    *torchrun_args(self.config, self.log_dir)]
         self.started = time.monotonic()
+        env = agent_env(self.config, self.run_dir)
         self.agent = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, start_new_session=True,
-                                      env=agent_env(self.config, self.run_dir))
+                                      env=env)
         if hasattr(resource, "prlimit"):  # Linux: no core files when a stuck worker is
             resource.prlimit(self.agent.pid, resource.RLIMIT_CORE, (0, 0))  # sent SIGABRT
+            # before the agent (importing torch for seconds) starts a worker, who inherits them
+            apply_limits(rank_limits(env), pid=self.agent.pid)
         self.output.add(self.agent.stdout, route=TeeDemux().feed)
 
     # -- the run ------------------------------------------------------------------------
