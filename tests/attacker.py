@@ -209,7 +209,7 @@ def try_setns(pid: int) -> dict:
 
 
 def try_squat(folder: str) -> dict:
-    """What F5's squatter did to a kernel's ipc sockets, in the kernel's folder: list it,
+    """What a squatter did to a kernel's ipc sockets, in the kernel's folder: list it,
     bind a socket name a kernel would use next, connect to one it uses."""
     outcome = {}
     try:

@@ -77,15 +77,21 @@ def check_env(env) -> dict[str, str]:
     """``env`` checked, and the documented switches it or this process's environment set
     (``DDP_LAB_ISOLATION``, ``DDP_LAB_RANK_LIMITS``): a typo there fails here, not later."""
     checked = _checked_env(env)
-    check_switches({**os.environ, **checked})
+    check_switches(checked)
     return checked
 
 
 def check_switches(env: Mapping[str, str]) -> None:
-    from ddp_lab.launch.network.isolation import mode
+    """The kernel's isolation setting is read when its fork server starts, so a run's
+    ``env=`` cannot change it; rank limits may come from either."""
+    from ddp_lab.launch.network.isolation import MODE_VAR, mode
     from ddp_lab.launch.rank.limits import LIMITS_VAR, parse_limits
-    mode(env)
-    parse_limits(env.get(LIMITS_VAR, ""))
+    if MODE_VAR in env:
+        raise ValueError(f"{MODE_VAR} is this kernel's setting, not a run's: set "
+                         f"os.environ[{MODE_VAR!r}] before the kernel's first run (then "
+                         "ddp_lab.shutdown() to apply a change), not in env=")
+    mode()
+    parse_limits({**os.environ, **env}.get(LIMITS_VAR, ""))
 
 
 def _checked_env(env) -> dict[str, str]:

@@ -26,7 +26,7 @@ LOG_LIMIT_BYTES = 5 << 20
 """How much of each rank's output the kernel keeps at each end (output/kept_log.py): its
 first 5 MB and its last 5 MB, the lines between counted and dropped. A log read by a
 person is far shorter; a rank that prints more is a ``print`` left in a loop, and keeping
-it all grew the kernel by a gigabyte in 8 seconds (security review 2026-11, F6).
+it all grew the kernel by a gigabyte in 8 seconds.
 At 10 MB a rank, a 16-rank run keeps at most 160 MB."""
 
 

@@ -49,7 +49,7 @@ def measure_launches(world_size: int = 4, repeats: int = 3, warm_repeats: int = 
     """Time each launcher; ``progress(name, seconds)`` is told of every measurement."""
     times = LaunchTimes(world_size)
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab_bench-{os.getpid()}-") as log_dir:
-        private = list(prefix())  # the peers' stores too: nobody else's to reach
+        private = list(prefix(wildcard=True))  # the peers' stores: nobody else's to reach
         commands = {
             "torchrun": [*private, *torchrun_command(world_size, log_dir)],
             "mp.spawn script": [*private, sys.executable, script_path("mp_spawn_all_reduce.py"),

@@ -50,7 +50,7 @@ class OwnKernel:
     Why a private folder: jupyter_client names the sockets after the connection file (its
     name less ``.json`` plus ``-ipc-N``). In the shared /tmp every user sees those names and
     can bind them first: the kernel died at start and its client connected to the
-    squatter's sockets (security review 2026-11, F5). In a 0700 folder of a random name
+    squatter's sockets. In a 0700 folder of a random name
     nobody else can see or create them.
     """
 

@@ -374,3 +374,28 @@ def test_ctrl_c_while_a_tree_is_killed_never_leaves_it_frozen(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         process_tree.kill_tree(root.pid)
     assert root.wait(timeout=10) == -signal.SIGKILL
+
+
+# -- the store host: every run's store, in a child that never forks -------------------------
+def _threads_of_the_fork_server(folder: str) -> int:
+    """Run on rank 0 while the run holds: the fork server's threads (it forked this rank)."""
+    import psutil
+    return psutil.Process(os.getppid()).num_threads()
+
+
+def test_the_fork_server_forks_ranks_with_no_store_thread_of_its_own():
+    """fork copies only the calling thread: a store served from the fork server's threads
+    could hand a rank a lock held for ever (1 run in 100 hung at start)."""
+    threads = ddp_lab.run(_threads_of_the_fork_server, 2, args=("",), echo=False).values
+    assert threads == [1, 1]
+
+
+def test_a_killed_store_host_is_replaced_by_the_next_run():
+    ddp_lab.run(torch.distributed.get_rank, 2, echo=False)
+    server = psutil.Process(ddp_lab.launch.forkserver.client.fork_server_pid())
+    host, = server.children()  # between runs: the store host alone
+    host.kill()
+    assert ddp_lab.run(torch.distributed.get_rank, 2, echo=False).values == [0, 1]
+    assert wait_until_gone([host.pid], seconds=5) == []
+    new_host, = server.children()
+    assert new_host.pid != host.pid

@@ -7,6 +7,7 @@ test_isolation_attacks.py.)"""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -95,19 +96,45 @@ def test_agents_on_this_machine_share_one_private_network_and_reach_each_other(t
 
 
 @NEEDS_NAMESPACES
-def test_the_holder_of_a_shared_network_ends_with_its_stdin():
+def test_the_holder_of_a_shared_network_ends_with_its_stdin(tmp_path):
     holder = subprocess.Popen(isolation.helper_command("--hold"), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
         joined = subprocess.run(
-            isolation.helper_command("--join", str(holder.pid), "--", "readlink",
-                                     "/proc/self/ns/net"), capture_output=True, text=True)
-        assert joined.stdout.strip() == os.readlink(f"/proc/{holder.pid}/ns/net")
+            isolation.helper_command("--join", str(holder.pid), "--", "sh", "-c",
+                                     "readlink /proc/self/ns/net; pwd"),
+            capture_output=True, text=True, cwd=tmp_path)
+        netns, cwd = joined.stdout.split()
+        assert netns == os.readlink(f"/proc/{holder.pid}/ns/net")
+        assert cwd == str(tmp_path)  # joining its mount namespace keeps the working folder
     finally:
         holder.stdin.close()
         assert holder.wait(timeout=10) == 0
         holder.stdout.close()
+
+
+def read_file(path: str) -> str:
+    with open(path) as file:
+        return file.read()
+
+
+@NEEDS_NAMESPACES
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can make a file of another user")
+def test_roots_ranks_keep_roots_power_over_other_users_files(tmp_path):
+    """root's runs get a network namespace without a user namespace: in one, the owners of
+    other users' files would not be mapped, and root's ranks could not read them."""
+    secret = tmp_path / "theirs.txt"
+    secret.write_text("not root's")
+    os.chown(secret, 12345, 12345)
+    secret.chmod(0o600)
+    seen = ddp_lab.run(read_file, 1, args=(str(secret),), echo=False).values
+    assert seen == ["not root's"]
+
+
+def test_the_isolation_setting_is_the_kernels_not_a_runs():
+    with pytest.raises(ValueError, match="is this kernel's setting, not a run's"):
+        ddp_lab.run(os.getpid, 1, env={isolation.MODE_VAR: "off"})
 
 
 # -- a system that refuses user namespaces ------------------------------------------------
@@ -127,18 +154,32 @@ REFUSED = textwrap.dedent("""
         print("server:", fork_server_pid())
     else:
         print("same network:", first["netns"] == os.stat("/proc/self/ns/net").st_ino)
+    try:  # torchrun's store would listen on every interface: refused unless off
+        ddp_lab.run_script(sys.argv[1], world_size=1, launcher="torchrun", echo=False)
+        print("torchrun ran")
+    except isolation.IsolationUnavailable as exc:
+        print("torchrun refused:", exc)
+    os.environ[isolation.MODE_VAR] = "strict"  # once a fallback server runs
+    try:
+        ddp_lab.run(where_am_i, 2, echo=False)
+        print("strict later: ran")
+    except isolation.IsolationUnavailable as exc:
+        print("strict later: refused")
 """)
 
 
 def run_where_refused(tmp_path, mode: str) -> subprocess.CompletedProcess:
-    """A kernel's code on a system whose user namespaces are refused (the limit set to 0
-    in a user namespace of the test's own, which its children inherit)."""
-    script = tmp_path / "refused.py"
+    """The kernel's code above where no private network can be made: as root without
+    CAP_SYS_ADMIN (root's runs make a network namespace alone, which needs it), dropped
+    from the bounding set with util-linux's setpriv."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and util-linux's setpriv to take CAP_SYS_ADMIN away")
+    script, worker = tmp_path / "kernel.py", tmp_path / "where.py"
     script.write_text(REFUSED.format(tests=os.path.dirname(os.path.dirname(__file__))))
-    inner = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {sys.executable} {script}"
-    return subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", inner],
-                          capture_output=True, text=True, timeout=150,
-                          env={**os.environ, isolation.MODE_VAR: mode})
+    worker.write_text(WHERE_SCRIPT)
+    return subprocess.run(["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin",
+                           sys.executable, str(script), str(worker)], capture_output=True,
+                          text=True, timeout=150, env={**os.environ, isolation.MODE_VAR: mode})
 
 
 @NEEDS_NAMESPACES
@@ -146,9 +187,19 @@ def test_auto_warns_once_and_falls_back_where_namespaces_are_refused(tmp_path):
     done = run_where_refused(tmp_path, "auto")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "same network: True" in done.stdout
-    assert done.stderr.count("SharedNetworkWarning") == 1
-    assert "user.max_user_namespaces = 0" in done.stderr and "DDP_LAB_ISOLATION=strict" in \
-        done.stderr
+    assert done.stderr.count("SharedNetworkWarning") == 1  # two runs, one warning
+    assert "unshare() failed: Operation not permitted" in done.stderr
+    assert "DDP_LAB_ISOLATION=strict" in done.stderr
+    assert "torchrun refused:" in done.stdout and "DDP_LAB_ISOLATION=off" in done.stdout
+    assert "strict later: refused" in done.stdout
+
+
+@NEEDS_NAMESPACES
+def test_off_runs_torchrun_on_the_machines_network_where_namespaces_are_refused(tmp_path):
+    done = run_where_refused(tmp_path, "off")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "same network: True" in done.stdout and "torchrun ran" in done.stdout
+    assert "SharedNetworkWarning" not in done.stderr
 
 
 @NEEDS_NAMESPACES
@@ -156,7 +207,7 @@ def test_strict_refuses_before_any_process_starts(tmp_path):
     done = run_where_refused(tmp_path, "strict")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "refused: DDP_LAB_ISOLATION=strict" in done.stdout
-    assert "user.max_user_namespaces = 0" in done.stdout
+    assert "unshare() failed: Operation not permitted" in done.stdout
     assert "server: None" in done.stdout  # not even the fork server was started
 
 

@@ -470,7 +470,7 @@ def test_the_courses_torchrun_agent_is_out_of_reach(other_user, tmp_path):
 
 
 def test_the_notebook_runners_kernel_sockets_cannot_be_squatted(other_user, tmp_path):
-    """F5: the runner's kernel keeps its connection file and ipc sockets in a private
+    """The runner's kernel keeps its connection file and ipc sockets in a private
     folder; another user can neither list it, nor bind a name there, nor connect, and the
     kernel goes on answering."""
     from kernel_helpers import execute, start_kernel

@@ -1,6 +1,6 @@
 """A rank that prints without end costs the kernel a bounded amount of memory: its log keeps
 the head and the tail with a count of what was dropped between them, a line without newline
-is cut, and live ranks keep no history across calls (security review 2026-11, F6)."""
+is cut, and live ranks keep no history across calls."""
 
 from __future__ import annotations
 

@@ -87,8 +87,8 @@ KERNEL_FILES = nbformat.v4.new_code_cell(
 @pytest.mark.parametrize("ending", ["passes", "kernel dies"])
 def test_the_kernels_sockets_are_in_a_private_folder_removed_after_the_run(
         tmp_path: Path, ending: str):
-    """Nobody else can see or bind the kernel's socket names (security review 2026-11, F5:
-    in the shared /tmp they could), and nothing is left, also when the kernel dies."""
+    """Nobody else can see or bind the kernel's socket names (in the shared /tmp they
+    could), and nothing is left, also when the kernel dies."""
     dies = [nbformat.v4.new_code_cell("import os\nos._exit(1)")] if ending != "passes" else []
     path = tmp_path / "files.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[KERNEL_FILES, *dies]), path)

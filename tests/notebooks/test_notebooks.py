@@ -80,3 +80,21 @@ def test_notebook_is_committed_clean(notebook: Path):
         f"with `jupyter nbconvert --clear-output --inplace {notebook.name}` before committing"
     )
 
+
+
+# What starts a process, a store or a listener outside ddp_lab's launchers, whose runs each
+# live in a private network (README, "Who can reach a run"): torchrun's store listens on
+# every interface and unpickles what it holds, a store or socket opened in the kernel sits
+# in the machine's namespace. A notebook reaches them through ddp_lab (run, run_script,
+# launch/torchrun/command.torchrun, run_agents), never by itself.
+STARTS_ITS_OWN = ("subprocess", "Popen", "os.system", "torch.distributed.run",
+                  "elastic_launch(", "TCPStore(", "socket.socket", ".listen(")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("notebook", _params())
+def test_no_cell_starts_a_process_a_store_or_a_listener_itself(notebook: Path):
+    nb = nbformat.read(notebook, as_version=4)
+    found = [(number, text) for number, cell in enumerate(nb.cells)
+             if cell.cell_type == "code" for text in STARTS_ITS_OWN if text in cell.source]
+    assert not found, f"{notebook.name}: cells start their own processes or ports: {found}"

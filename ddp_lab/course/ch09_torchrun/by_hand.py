@@ -29,8 +29,8 @@ ORPHAN_MARKER = "DDP_LAB_ORPHAN_DEMO"  # set in the demo's environment: only our
 def run_python(path: str, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """``python path args``, as from a terminal, output captured; in a private network, as
     every run of the course (its rank 0 hosts a store on every interface)."""
-    return subprocess.run([*prefix(), sys.executable, path, *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([*prefix(wildcard=True), sys.executable, path, *args],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def unguarded_copy(folder: str) -> str:
@@ -49,7 +49,8 @@ def start_and_orphan(nprocs: int = 2, hold_s: float = 60.0, timeout: float = 60.
     leaves. Returns the marker token, the parent's pid and its workers' pids."""
     token = uuid.uuid4().hex
     parent = subprocess.Popen(
-        [*prefix(), sys.executable, SPAWN_SCRIPT, "--nprocs", str(nprocs), "--hold", str(hold_s)],
+        [*prefix(wildcard=True), sys.executable, SPAWN_SCRIPT, "--nprocs", str(nprocs),
+         "--hold", str(hold_s)],
         env={**os.environ, ORPHAN_MARKER: token}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines, deadline = [], time.monotonic() + timeout

@@ -6,15 +6,15 @@ Never in the kernel: the agent's rendezvous store listens on every interface and
 unpickles the state it reads there, so whoever writes to that store runs code in the
 process that hosts the agent. Here that is this child, in a network nobody else reaches.
 
-The call (function by reference, its arguments, the launch settings) comes pickled in
-``DDP_LAB_ELASTIC_CALL`` (the environment of a process is readable by its user only); the
-values and the handler the agent left on SIGINT go back as this "rank 0"'s result in the
-run folder (``ddp_lab.report``).
+The call (function by reference, its arguments, the launch settings) comes pickled in the
+file ``DDP_LAB_ELASTIC_CALL`` names, in a folder only its user can read; the values and the
+handler the agent left on SIGINT go back as this "rank 0"'s result in the run folder. When
+the process that started it dies (a kernel killed), it stops as on SIGTERM: torch's agent
+then stops its workers.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import importlib
 import os
@@ -22,12 +22,15 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
+import time
 import uuid
 
 from ddp_lab.course.ports import lost_port_race, say_lost_port_race
 from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles, write_pickle
 
 CALL_VAR = "DDP_LAB_ELASTIC_CALL"
+ORPHAN_POLL_S = 0.5
 
 
 def main() -> int:
@@ -37,7 +40,9 @@ def main() -> int:
     rank 0 binds it once torch is imported: a launch that lost that port (to another
     program of this user: nobody else is in this network) is started again."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    fn, args, nproc, max_restarts, tries = pickle.loads(base64.b64decode(os.environ[CALL_VAR]))
+    _stop_when_orphaned(os.getppid())
+    with open(os.environ[CALL_VAR], "rb") as file:
+        fn, args, nproc, max_restarts, tries = pickle.load(file)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
             _spawn_error_files_in(log_dir):
@@ -53,6 +58,16 @@ def main() -> int:
     write_pickle(RunFiles(os.environ[RUN_DIR_VAR]).result(0),
                  (dict(sorted(values.items())), getattr(left, "__name__", str(left))))
     return 0
+
+
+def _stop_when_orphaned(parent: int) -> None:
+    """SIGTERM to this process once ``parent`` is gone (it is then no longer our parent)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="ddp_lab-orphan-watch", daemon=True).start()
 
 
 def _elastic_launch(fn, args: tuple, nproc: int, max_restarts: int, log_dir: str) -> dict:

@@ -6,12 +6,12 @@ with a restart after a failure, and ``run_script(..., launcher="torchrun")``.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import io
 import os
 import pickle
 import sys
+import tempfile
 from dataclasses import dataclass
 
 from ddp_lab.course.ch09_torchrun import elastic_launch
@@ -115,10 +115,13 @@ def launch_from_python(fn, *args, nproc: int = 2, max_restarts: int = 1,
     ``run_agents``: live output, deadline, nothing left), which sends back the values and
     the handler the agent left on SIGINT. ``fn`` travels by reference, so it must live in
     an importable module, as with ``mp.spawn``; this process's import path goes along."""
-    call = base64.b64encode(pickle.dumps((fn, args, nproc, max_restarts, tries))).decode()
-    env = {CALL_VAR: call, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
-    result = run_agents([Agent(ThisMachine(), (), env, module=elastic_launch.__name__)],
-                        timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as folder:
+        call = os.path.join(folder, "call.pkl")  # a 0700 folder: ours alone to read
+        with open(call, "wb") as file:
+            pickle.dump((fn, args, nproc, max_restarts, tries), file)
+        env = {CALL_VAR: call, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+        result = run_agents([Agent(ThisMachine(), (), env, module=elastic_launch.__name__)],
+                            timeout=timeout)
     if not result.ok or 0 not in result.values:
         errors = "; ".join(result.errors(0)) or "\n".join(result.outputs[0][-20:])
         raise RuntimeError(f"elastic_launch failed ({result.summary().splitlines()[0]}): "

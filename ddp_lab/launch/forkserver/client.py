@@ -21,8 +21,8 @@ from ddp_lab.launch.config import package_pythonpath
 from ddp_lab.launch.deadlines import CLOSE_WAIT_S, SEND_TIMEOUT_S, SPAWN_REPLY_TIMEOUT
 from ddp_lab.launch.errors import ForkServerUnresponsive
 from ddp_lab.launch.forkserver import process_tree, protocol
-from ddp_lab.launch.forkserver.protocol import (EndRun, NetUp, Ready, RunEnded, ServerDied,
-                                                SignalRank, SpawnRank, Warm, Warming)
+from ddp_lab.launch.forkserver.protocol import (EndRun, NetReady, NetUp, Ready, RunEnded,
+                                                ServerDied, SignalRank, SpawnRank, Warm, Warming)
 from ddp_lab.launch.interrupts import deferred
 
 
@@ -35,6 +35,7 @@ class ForkServer:
     """``prefix``: a command the server runs under (``unshare ... --``: network/)."""
 
     def __init__(self, prefix: tuple[str, ...] = ()):
+        self.prefix = prefix
         self.sock, theirs = protocol.socket_pair()
         self.process = subprocess.Popen(
             [*prefix, sys.executable, "-m", "ddp_lab.launch.forkserver.server",
@@ -51,6 +52,7 @@ class ForkServer:
         self._routes: dict[str, queue.Queue] = {}  # run folder -> the run's queue of answers
         self._routes_lock = threading.Lock()
         self.alive = True
+        self.store_host: int | None = None  # the pid of the server's store host, once known
         self.wedged = False  # it stopped reading our messages: only killing it helps
         self.ready = threading.Event()  # not importing; set on death too (nothing to wait for)
         threading.Thread(target=self._read_replies, name="ddp_lab-forkserver", daemon=True).start()
@@ -146,6 +148,8 @@ class ForkServer:
         belongs to a run and goes to that run's queue as it is (session.py handles it)."""
         if isinstance(message, (Ready, Warming)):
             return self.ready.set() if isinstance(message, Ready) else self.ready.clear()
+        if isinstance(message, NetReady) and message.store_host is not None:
+            self.store_host = message.store_host
         with self._routes_lock:
             events = self._routes.get(message.run_dir)
             if isinstance(message, RunEnded):
@@ -222,14 +226,21 @@ class _Holder:
                     server.close()
                 with deferred():  # a Ctrl-C now would leak a server nobody holds
                     self._server = ForkServer(self._prefix())
+            elif not server.prefix:  # on the machine's network: if the setting has turned
+                self._prefix()       # strict since, this refuses (network/isolation.py)
             return self._server
 
     def pid(self) -> int | None:
-        """The running server's pid (None when there is none): it is the one process a
-        launcher keeps between runs."""
+        """The running server's pid (None when there is none)."""
+        return self.pids()[0] if self.pids() else None
+
+    def pids(self) -> tuple[int, ...]:
+        """The processes a launcher keeps between runs: the running server, and its store
+        host once it has one (none: empty)."""
         server = self._server
-        alive = server is not None and server.alive and server.pid_owner == os.getpid()
-        return server.process.pid if alive else None
+        if server is None or not server.alive or server.pid_owner != os.getpid():
+            return ()
+        return tuple(filter(None, (server.process.pid, server.store_host)))
 
     def shutdown(self) -> None:
         with self._lock:
@@ -261,8 +272,9 @@ network_fork_server_pid = _network_holder.pid
 
 
 def launcher_pids() -> set[int]:
-    """The processes a launcher keeps between runs: its fork servers (none: empty)."""
-    return {pid for pid in (fork_server_pid(), network_fork_server_pid()) if pid is not None}
+    """The processes a launcher keeps between runs: its fork servers and their store hosts
+    (none: empty)."""
+    return {*_holder.pids(), *_network_holder.pids()}
 
 
 def shutdown() -> None:

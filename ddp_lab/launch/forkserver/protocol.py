@@ -101,6 +101,7 @@ class NetReady:
     run_dir: str
     address: tuple | None  # (host, port) of the run's store (loopback, or the bridge)
     error: str | None
+    store_host: int | None = None  # its pid: a process the server keeps (store_host.py)
 
 
 # -- the launcher's reader thread -> a run ----------------------------------------------------

@@ -32,6 +32,7 @@ class Reaper:
         self.ranks: dict[int, str] = {}  # live rank pid -> its run folder
         self.groups: dict[int, str] = {}  # rank pid (= its process group) -> run, until it ends
         self.doomed: dict[int, tuple[float, str | None]] = {}  # pid -> (SIGKILL at, run)
+        self.own: set[int] = set()  # the server's own helpers (store_host.py): no leftovers
 
     def add_rank(self, pid: int, run_dir: str) -> None:
         self.ranks[pid] = self.groups[pid] = run_dir
@@ -71,7 +72,7 @@ class Reaper:
         if self.subreaper:
             live = self.live_runs()
             for pid in process_tree.children(os.getpid()):
-                if pid in self.ranks or pid in self.doomed:
+                if pid in self.ranks or pid in self.doomed or pid in self.own:
                     continue
                 run = self.run_of(pid)
                 if run not in live and (run is not UNKNOWN or not self.ranks):

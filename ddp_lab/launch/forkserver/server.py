@@ -29,7 +29,8 @@ from ddp_lab.launch.forkserver import process_tree, protocol
 from ddp_lab.launch.forkserver.protocol import (EndRun, Exited, NetReady, NetUp, Ready, RunEnded,
                                                 SignalRank, SpawnRank, Spawned, Warm, Warming)
 from ddp_lab.launch.forkserver.reaper import Reaper
-from ddp_lab.launch.network.rendezvous import LOOPBACK, loopback_store
+from ddp_lab.launch.forkserver.store_host import Stores
+from ddp_lab.launch.network.rendezvous import LOOPBACK
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.parallel",
            "cloudpickle", "numpy", "psutil", "ddp_lab.launch.rank.main")
@@ -61,7 +62,7 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.wake_w = wake_w
         self.switch = None  # switch.Switch, made by the first shaped run
-        self.stores: dict[str, object] = {}  # run folder -> its store (a run on loopback)
+        self.stores = Stores(self.reaper.own)  # every run's store, in a child (store_host.py)
         self.warm = False  # WARM imported
         self.warming = False  # announced: import WARM once this loop turn is over
 
@@ -130,25 +131,24 @@ class Server:
         return self.reap()
 
     def net_up(self, run_dir: str, world_size: int, plan) -> bool:
-        """The run's store (and a shaped run's links): hosted here, inside this server's
-        private network (network/isolation.py), where the ranks reach it and nobody else can."""
+        """The run's store (and a shaped run's links first), in this server's private
+        network (network/isolation.py), where the ranks reach it and nobody else can; the
+        store is hosted by a child that never forks (store_host.py)."""
         try:
-            address = self._shaped_net(run_dir, world_size, plan) if plan is not None else \
-                self._loopback_store(run_dir, world_size)
+            host = self._shaped_net(run_dir, world_size, plan) if plan is not None else LOOPBACK
+            address = (host, self.stores.open(run_dir, host, world_size))
         except Exception as exc:  # noqa: BLE001 - every failure goes back as a message
+            if self.switch is not None:
+                self.switch.down(run_dir)
             return self._tell(NetReady(run_dir, None, f"{type(exc).__name__}: {exc}"))
         self.run_dirs = {d for d in self.run_dirs if os.path.exists(d)} | {run_dir}
-        return self._tell(NetReady(run_dir, address, None))
+        return self._tell(NetReady(run_dir, address, None, self.stores.host.pid))
 
-    def _shaped_net(self, run_dir: str, world_size: int, plan) -> tuple[str, int]:
+    def _shaped_net(self, run_dir: str, world_size: int, plan) -> str:
+        """A shaped run's links (network/switch.py); the store's address on their bridge."""
         from ddp_lab.launch.network.switch import Switch
         self.switch = self.switch or Switch()
-        net = self.switch.up(run_dir, world_size, plan)
-        return net.address, net.port
-
-    def _loopback_store(self, run_dir: str, world_size: int) -> tuple[str, int]:
-        self.stores[run_dir], port = loopback_store(world_size)
-        return LOOPBACK, port
+        return self.switch.up(run_dir, world_size, plan).address
 
     def spawn(self, spec, fds: list[int]) -> bool:
         sys.stdout.flush()
@@ -178,6 +178,7 @@ class Server:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for fd in (self.wake_r, self.wake_w, self.sock.fileno()):
                 os.close(fd)
+            self.stores.close_in_child()
             from ddp_lab.launch.rank.main import rank_main
             rank_main(spec, output_fd=fds[0], lifeline_fd=fds[1], body=_live_body(fds[2:]))
         finally:
@@ -205,7 +206,7 @@ class Server:
         for run in [r for r in self.ending if self.reaper.is_over(r)]:
             self.ending.discard(run)
             self.reaper.forget(run)
-            self.stores.pop(run, None)  # its destructor stops its thread, closes its port
+            self.stores.close(run)
             if self.switch is not None:
                 self.switch.down(run)
             # "warming" goes before "run-ended": the launcher knows before its run returns
@@ -232,8 +233,7 @@ class Server:
 
     def shutdown(self) -> None:
         """The launcher is gone: stop every rank and leftover, remove the run folders."""
-        self.reaper.kill_everything()
-        self.stores.clear()
+        self.reaper.kill_everything()  # the store host too: it is below this server
         for run_dir in list(self.switch.runs if self.switch else ()):
             self.switch.down(run_dir)
         for run_dir in self.run_dirs:

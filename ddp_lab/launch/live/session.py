@@ -115,8 +115,7 @@ class LiveSession(Session):
     def _new_logs(self) -> None:
         """What the ranks printed between calls (a thread of theirs) is shown now, then
         every rank's log starts afresh: each call's RunResult has the lines of its own, and
-        the session keeps no history that grows with every call (security review 2026-11,
-        F6)."""
+        the session keeps no history that grows with every call."""
         for out in self.output.read_ready(time.monotonic() + 0.5):
             self._show(out)
         for state in self.ranks:

@@ -37,6 +37,7 @@ import ctypes
 import fcntl
 import functools
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -46,7 +47,7 @@ import warnings
 MODE_VAR = "DDP_LAB_ISOLATION"
 MODES = ("auto", "strict", "off")
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWNS = 0x10000000, 0x40000000, 0x20000  # <linux/sched.h>
-MS_BIND = 4096  # <sys/mount.h>
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18  # <sys/mount.h>
 HOSTS = "/etc/hosts"
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1  # <linux/sockios.h>, <net/if.h>
 PROBE_TIMEOUT_S = 20.0
@@ -67,12 +68,20 @@ class SharedNetworkWarning(UserWarning):
 # -- inside the helper (stdlib only) ------------------------------------------------------
 def enter_private_network() -> None:
     """Move this (single-threaded) process into a new user + network namespace with ``lo``
-    up, keeping its own uid and gid; raise IsolationUnavailable if the system refuses."""
+    up, keeping its own uid and gid; raise IsolationUnavailable if the system refuses.
+
+    root needs no user namespace to make a network namespace, and one would cost it its
+    power over files of other users (their owners are not mapped into it, so root's ranks
+    could no longer read them): root's runs get a network (and mount) namespace alone,
+    which other users cannot enter either (setns needs CAP_SYS_ADMIN over it)."""
     uid, gid = os.geteuid(), os.getegid()
-    _call("unshare", CLONE_NEWUSER | CLONE_NEWNET)
-    _write_map("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map
-    _write_map("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write_map("/proc/self/gid_map", f"{gid} {gid} 1")
+    if uid == 0:
+        _call("unshare", CLONE_NEWNET)
+    else:
+        _call("unshare", CLONE_NEWUSER | CLONE_NEWNET)
+        _write_map("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map
+        _write_map("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write_map("/proc/self/gid_map", f"{gid} {gid} 1")
     loopback_up()
     name_loopback()
 
@@ -89,10 +98,16 @@ def name_loopback() -> None:
     comes back. The copy is unlinked once mounted (the mount keeps it)."""
     import tempfile
     libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        with open(HOSTS, "rb") as hosts:
+            text = hosts.read()
+    except OSError:
+        return  # no hosts file to extend: nothing names the loopback anyway
     if libc.unshare(CLONE_NEWNS) != 0:
         return
-    with open(HOSTS, "rb") as hosts:
-        text = hosts.read()
+    # a bind mount made in a mount namespace of our own stays in it, but only if it is not
+    # shared with the parent's (root's new namespace copies the machine's propagation)
+    libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
     fd, copy = tempfile.mkstemp(prefix="ddp_lab-hosts-")
     try:
         os.write(fd, text + b"\n::1 localhost\n::ffff:127.0.0.1 localhost\n")
@@ -104,13 +119,21 @@ def name_loopback() -> None:
 
 def join_namespaces(pid: int) -> None:
     """Enter the user, network and mount namespaces of ``pid`` (a ``--hold`` process of
-    ours: the same user owns them, so this needs no privilege), user namespace first."""
+    ours: the same user owns them, so this needs no privilege), user namespace first; those
+    it shares with us already (root's user namespace, a mount namespace it could not make)
+    are left alone. Joining a mount namespace moves the caller to its root folder: the
+    working folder is kept."""
+    cwd = os.getcwd()
     for kind, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS)):
-        fd = os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY)
+        theirs = f"/proc/{pid}/ns/{kind}"
+        if os.stat(theirs).st_ino == os.stat(f"/proc/self/ns/{kind}").st_ino:
+            continue
+        fd = os.open(theirs, os.O_RDONLY)
         try:
             _call("setns", fd, flag)
         finally:
             os.close(fd)
+    os.chdir(cwd)
 
 
 def loopback_up() -> None:
@@ -164,6 +187,7 @@ def main(argv: list[str]) -> int:
         print(why_refused(str(exc)), file=sys.stderr, flush=True)
         return 1
     if argv[:1] == ["--hold"]:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop button is not for it
         print("ready", flush=True)
         while os.read(0, 4096):
             pass
@@ -204,9 +228,12 @@ def probe() -> str | None:
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
 
 
-def private() -> bool:
-    """Whether this run's helpers go into a private namespace: True where they can; False
-    with ``off``, or (after one warning) where the system refuses; raises with ``strict``."""
+def private(wildcard: bool = False) -> bool:
+    """Whether a run's processes go into a private namespace: True where they can; False
+    with ``off``, or where the system refuses (after one warning); raises with ``strict``.
+    ``wildcard``: the processes listen on every interface (torchrun's store, the rank 0 of
+    a torch.multiprocessing script), where the machine's network is refused unless ``off``
+    says so: anyone who reaches such a store runs code as its owner."""
     chosen = mode()
     if chosen == "off":
         return False
@@ -219,17 +246,32 @@ def private() -> bool:
             "the administrator to allow unprivileged user namespaces, or unset "
             f"{MODE_VAR} to run on this machine's loopback (where other users of this "
             "machine can reach the run's ports).")
-    warnings.warn(SharedNetworkWarning(
-        f"ddp_lab: no private network for this kernel's runs ({reason}); they use this "
-        "machine's loopback, where other users of this machine can join them (and "
-        "torchrun's store listens on every interface). Fine on a laptop of your own; on a "
-        f"shared server, set {MODE_VAR}=strict to refuse instead."), stacklevel=3)
+    if wildcard:
+        raise IsolationUnavailable(
+            f"no private network can be made here ({reason}), and this run would listen on "
+            "every interface of this machine: torchrun's rendezvous store (or a "
+            "torch.multiprocessing script's rank 0) has no authentication, and torchrun's "
+            "agent runs what is written there as code. Allow unprivileged user namespaces, "
+            f"or set {MODE_VAR}=off to run it anyway (only where no one you do not trust "
+            "can reach this machine).")
+    _warn_shared(reason)
     return False
 
 
-def prefix() -> tuple[str, ...]:
-    """The command prefix that starts a helper in a private namespace of its own, or ()."""
-    return (*helper_command(), "--") if private() else ()
+@functools.cache
+def _warn_shared(reason: str) -> None:
+    """Once per process: the fallback of every later run is the same."""
+    warnings.warn(SharedNetworkWarning(
+        f"ddp_lab: no private network for this kernel's runs ({reason}); they use this "
+        "machine's loopback, where other users of this machine can join them. Fine on a "
+        f"laptop of your own; on a shared server, set {MODE_VAR}=strict to refuse "
+        "instead."), stacklevel=5)
+
+
+def prefix(wildcard: bool = False) -> tuple[str, ...]:
+    """The command prefix that starts a process in a private namespace of its own, or ()
+    (``private``: when, and what it raises)."""
+    return (*helper_command(), "--") if private(wildcard) else ()
 
 
 class PrivateNetwork:
@@ -244,16 +286,16 @@ class PrivateNetwork:
         self.holder: subprocess.Popen | None = None
 
     def prefix(self) -> list[str]:
-        """The command prefix that puts a process in the namespace ([] where runs use the
-        machine's network: ``private()`` said why, once)."""
+        """The command prefix that puts a process in the namespace ([] with ``off``)."""
         from ddp_lab.launch.interrupts import deferred
         if self.holder is None:
-            if not private():
+            if not private(wildcard=True):  # torchrun's agents, mostly
                 return []
             with deferred():  # a Ctrl-C now would leave a holder nobody closes
                 self.holder = subprocess.Popen(helper_command("--hold"),
                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True)
+                                               stderr=subprocess.PIPE, text=True,
+                                               start_new_session=True)
             if self.holder.stdout.readline().strip() != "ready":
                 said = self.holder.stderr.read().strip()
                 self.close()

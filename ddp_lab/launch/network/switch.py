@@ -1,5 +1,6 @@
 """The fork server's side of a shaped run (setting.py): a bridge, one namespace and one
-shaped veth link per rank, and the run's rendezvous store on the bridge.
+shaped veth link per rank, and a bridge where the run's store listens (the fork server's
+store host opens it: forkserver/store_host.py).
 
 It runs in a fork server started inside ``unshare --user --map-root-user --net``: that
 namespace is the switch. For each rank the server steps its main thread into a fresh
@@ -22,7 +23,6 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
-from ddp_lab.launch.network.rendezvous import listening_store
 from ddp_lab.launch.network.setting import LinkPlan
 
 CLONE_NEWNET = 0x40000000  # <linux/sched.h>
@@ -41,8 +41,6 @@ class RunNet:
     world_size: int
     ip: str  # the ip tool that built it takes it down
     rank_ns: list = field(default_factory=list)  # descriptors holding each rank's namespace
-    store: object = None
-    port: int = 0
 
     @property
     def bridge(self) -> str:
@@ -77,7 +75,6 @@ class Switch:
             for rank in range(world_size):
                 net.rank_ns.append(self._rank_namespace(net, rank, plan))
             self._wire(net, plan)
-            net.store, net.port = listening_store(net.address, world_size)
         except BaseException:
             self.down(run_dir)
             raise
@@ -120,12 +117,11 @@ class Switch:
             self._call(self.libc.setns, self.home, CLONE_NEWNET)
 
     def down(self, run_dir: str) -> None:
-        """Remove the run's store, namespaces' descriptors, links and bridge (deleting one
-        end of a veth deletes both)."""
+        """Remove the run's namespaces' descriptors, links and bridge (deleting one end of
+        a veth deletes both)."""
         net = self.runs.pop(run_dir, None)
         if net is None:
             return
-        net.store = None  # its destructor stops its server thread and closes the port
         for fd in net.rank_ns:
             os.close(fd)
         subprocess.run([net.ip, "-force", "-batch", "-"], capture_output=True, text=True,

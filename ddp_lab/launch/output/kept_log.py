@@ -2,9 +2,8 @@
 lines and its last lines, each part bounded, and a count of what was dropped between them.
 
 Bounded because every line used to be kept: a ``print`` left in a training loop grew the
-kernel by a gigabyte in 8 seconds, and on a shared machine that memory is everyone's
-(security review 2026-11, F6). Head and tail because a log is read at both
-ends: how the rank started (its configuration, its first steps) and how it ended (the
+kernel by a gigabyte in 8 seconds, and on a shared machine that memory is everyone's. Head
+and tail because a log is read at both ends: how the rank started (its configuration, its first steps) and how it ended (the
 traceback, the last step). The marker line says how much is missing where it is missing.
 
 Each kept line costs its length plus ``LINE_COST``, about what Python spends on a short

@@ -23,7 +23,7 @@ CHUNK = 1 << 16
 MAX_STATUS_BYTES = 4096
 # A line longer than this is cut into lines of this length, also while it is unfinished: a
 # rank that never prints a newline (binary data, a display redrawn without \r) must not
-# grow the kernel's memory without bound (security review 2026-11, F6); no line a person
+# grow the kernel's memory without bound; no line a person
 # reads is this long.
 MAX_LINE_BYTES = 1 << 20
 

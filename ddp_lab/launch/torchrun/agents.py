@@ -28,11 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles, new_run_dir, package_pythonpath
+from ddp_lab.launch.config import (LOG_LIMIT_BYTES, RUN_DIR_VAR, RunFiles, new_run_dir,
+                                   package_pythonpath)
 from ddp_lab.launch.deadlines import AGENTS_DRAIN_S, Deadline
 from ddp_lab.launch.forkserver.process_tree import kill_tree
 from ddp_lab.launch.network.isolation import PrivateNetwork
 from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.output.kept_log import KeptLog
 from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.output.run_loop import RunLoop
 
@@ -139,8 +141,8 @@ def run_agents(agents: list[Agent], timeout: float = 60.0, echo: bool = True,
         runner.run(timeout, grace)
         returncodes = runner.returncodes()  # before the stop: None for those it stops
         stopped = runner.stop()
-        return AgentsResult(labels, returncodes, runner.outputs, RunFiles(run_dir).results(),
-                            runner.seconds, stopped)
+        return AgentsResult(labels, returncodes, [list(log) for log in runner.outputs],
+                            RunFiles(run_dir).results(), runner.seconds, stopped)
     finally:
         runner.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -151,7 +153,7 @@ class _Runner:
         self.agents, self.labels, self.run_dir = agents, labels, run_dir
         self.echo = make_echo(echo)
         self.processes: list[subprocess.Popen | None] = [None] * len(agents)
-        self.outputs: list[list[str]] = [[] for _ in agents]
+        self.outputs = [KeptLog(LOG_LIMIT_BYTES) for _ in agents]  # bounded, as a rank's
         self.output = OutputReader()
         self.seconds = 0.0
         self.first_failure: float | None = None
@@ -221,15 +223,17 @@ class _Runner:
         """Kill every agent still running with all its workers, collect what they had
         printed, and return the pids that were killed (each agent first)."""
         stopped: list[int] = []
-        for process in filter(None, self.processes):
-            if process.poll() is None:
-                stopped += kill_tree(process.pid)
-            process.wait()
-        until = time.monotonic() + AGENTS_DRAIN_S
-        while self.output.open and time.monotonic() < until:
-            for out in self.output.read(until):
-                self._take(out)
-        self.output.close()
-        self.echo.close()
-        self.network.close()
+        try:
+            for process in filter(None, self.processes):
+                if process.poll() is None:
+                    stopped += kill_tree(process.pid)
+                process.wait()
+            until = time.monotonic() + AGENTS_DRAIN_S
+            while self.output.open and time.monotonic() < until:
+                for out in self.output.read(until):
+                    self._take(out)
+        finally:
+            self.output.close()
+            self.echo.close()
+            self.network.close()
         return tuple(stopped)

@@ -108,8 +108,8 @@ class TorchrunSession:
 
     def start(self) -> None:
         from ddp_lab.launch.network.isolation import prefix
-        command = [*prefix(), sys.executable, "-m", "ddp_lab.launch.torchrun.agent",
-                   *torchrun_args(self.config, self.log_dir)]
+        command = [*prefix(wildcard=True), sys.executable, "-m",
+                   "ddp_lab.launch.torchrun.agent", *torchrun_args(self.config, self.log_dir)]
         self.started = time.monotonic()
         env = agent_env(self.config, self.run_dir)
         self.agent = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
