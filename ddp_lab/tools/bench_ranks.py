@@ -12,8 +12,10 @@ not a dependency of the course.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -85,32 +87,31 @@ def live_ranks(world_size: int):
 
 @contextlib.contextmanager
 def ipyparallel_engines(world_size: int):
-    """ipyparallel's engines, one per rank, holding a gloo group as live ranks do."""
+    """ipyparallel's engines, one per rank, holding a gloo group as live ranks do. They
+    run in the machine's network (ipyparallel's own messages are signed with a key of the
+    cluster's), so their group meets in a FileStore in a private folder rather than a
+    TCPStore on a port anyone here could reach; their gloo listeners, on loopback, carry
+    only this benchmark's tensors."""
     import ipyparallel
     cluster = ipyparallel.Cluster(n=world_size, log_level=40)
     client = cluster.start_and_connect_sync()
     try:
-        view = client[:]
-        view.block = True
-        view.scatter("rank", list(range(world_size)), flatten=True)
-        view.execute(_GLOO_GROUP.format(port=_free_port(), world_size=world_size))
-        yield view.apply_sync
-        view.execute("dist.destroy_process_group()")
+        with tempfile.TemporaryDirectory(prefix="ddp_lab_bench-") as folder:
+            view = client[:]
+            view.block = True
+            view.scatter("rank", list(range(world_size)), flatten=True)
+            view.execute(_GLOO_GROUP.format(path=os.path.join(folder, "store"),
+                                            world_size=world_size))
+            yield view.apply_sync
+            view.execute("dist.destroy_process_group()")
     finally:
         client.close()
         cluster.stop_cluster_sync()
 
 
 _GLOO_GROUP = ("import torch.distributed as dist\n"
-               "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', "
+               "dist.init_process_group('gloo', init_method='file://{path}', "
                "rank=rank, world_size={world_size})")
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def measure(world_size: int, repeats: int) -> RoundTrips:

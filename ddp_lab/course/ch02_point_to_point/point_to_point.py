@@ -130,10 +130,12 @@ def batched_exchange(nbytes: int = 4 << 20) -> int:
 
 def socket_accepts_unread() -> int:
     """Bytes a loopback TCP socket takes with nobody reading the other end: what an eager
-    (buffered) send can hand to the kernel and return from without any matching recv."""
+    (buffered) send can hand to the kernel and return from without any matching recv.
+    The listener accepts our own connection only: on a shared machine another user may
+    connect to it first."""
     with socket.create_server(("127.0.0.1", 0)) as server, \
             socket.create_connection(server.getsockname()) as sender:
-        receiver, _ = server.accept()
+        receiver = _accept_from(server, sender.getsockname())
         with receiver:
             sender.setblocking(False)
             accepted = 0
@@ -142,6 +144,14 @@ def socket_accepts_unread() -> int:
                     accepted += sender.send(bytes(64 * 1024))
             except BlockingIOError:
                 return accepted
+
+
+def _accept_from(server: socket.socket, peer) -> socket.socket:
+    while True:
+        connection, address = server.accept()
+        if address == peer:
+            return connection
+        connection.close()
 
 
 @dataclass(frozen=True)
