@@ -416,24 +416,20 @@ def test_a_live_session_is_out_of_reach(other_user):
     assert after.values == summed.values  # the session and its state went on
 
 
-@PRIVATE
-def test_a_one_shot_run_is_out_of_reach(other_user, tmp_path):
-    before = Before()
-    outcome, findings = attacked_while_held(
-        lambda: ddp_lab.run(hold, world_size=2, args=(str(tmp_path),), timeout=90,
-                            echo=False),
-        tmp_path, 2, other_user, before)
-    assert_private(findings)
-    assert succeeded(outcome).values == [2.0, 2.0]
+ONE_SHOT = {  # a run of each kind that holds still in its folder
+    "run": lambda folder: ddp_lab.run(hold, world_size=2, args=(folder,), timeout=90,
+                                      echo=False),
+    "spawn": lambda folder: ddp_lab.spawn(hold_spawned, args=(2, folder), nprocs=2, timeout=90,
+                                          echo=False),
+}
 
 
 @PRIVATE
-def test_a_spawned_run_is_out_of_reach(other_user, tmp_path):
+@pytest.mark.parametrize("launch", sorted(ONE_SHOT))
+def test_a_one_shot_run_is_out_of_reach(other_user, tmp_path, launch):
     before = Before()
-    outcome, findings = attacked_while_held(
-        lambda: ddp_lab.spawn(hold_spawned, args=(2, str(tmp_path)), nprocs=2, timeout=90,
-                              echo=False),
-        tmp_path, 2, other_user, before)
+    outcome, findings = attacked_while_held(lambda: ONE_SHOT[launch](str(tmp_path)),
+                                            tmp_path, 2, other_user, before)
     assert_private(findings)
     assert succeeded(outcome).values == [2.0, 2.0]
 
