@@ -34,6 +34,7 @@ import pytest
 
 import ddp_lab
 from ddp_lab.launch.forkserver.client import launcher_pids
+from ddp_lab.launch.forkserver.store_host import HOST_NAME
 from slow import is_slow
 
 pytest_plugins = ("pytester",)  # tests/test_leak_check.py runs the fixture on leaky tests
@@ -49,10 +50,13 @@ def leftover_processes() -> list[psutil.Process]:
 
 
 def _is_kept_kernel(process: psutil.Process) -> bool:
+    """A kept kernel, its fork server, or that server's store host."""
     try:
         if "ipykernel_launcher" in process.cmdline():
             return True
         parent = process.parent()
+        if process.name() == HOST_NAME:
+            return _is_kept_kernel(parent)
         return ("ddp_lab.launch.forkserver.server" in process.cmdline()
                 and "ipykernel_launcher" in parent.cmdline())
     except psutil.Error:

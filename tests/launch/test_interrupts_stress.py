@@ -29,7 +29,7 @@ DRIVER = textwrap.dedent(r"""
     import psutil
     import ddp_lab
     from ddp_lab.launch.interrupts import deferred
-    from ddp_lab.launch.forkserver.client import fork_server_pid
+    from ddp_lab.launch.forkserver.client import launcher_pids
 
     def scaled(x):
         import torch.distributed as dist
@@ -62,7 +62,7 @@ DRIVER = textwrap.dedent(r"""
         return sorted(os.listdir("/proc/self/fd"), key=int)
 
     def leftovers():
-        keep = {fork_server_pid()}
+        keep = launcher_pids()  # the fork server and its store host
         found = []
         for p in psutil.Process().children(recursive=True):
             try:

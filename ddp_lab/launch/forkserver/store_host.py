@@ -20,6 +20,8 @@ import socket
 from ddp_lab.launch.network.rendezvous import listening_store
 
 MAX_REQUEST = 1 << 16
+HOST_NAME = "ddp_lab-stores"  # the process's name (at most 15 bytes)
+PR_SET_NAME = 15  # <linux/prctl.h>
 
 
 class StoreHost:
@@ -88,6 +90,7 @@ def _become_host(sock: socket.socket) -> None:
     """In the child: keep nothing of the fork server's (its socket to the launcher above
     all: the launcher must see end of file when the server dies), serve, exit."""
     try:
+        _name_this_process(HOST_NAME)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.closerange(3, sock.fileno())
@@ -95,6 +98,13 @@ def _become_host(sock: socket.socket) -> None:
         _serve(sock)
     finally:
         os._exit(0)
+
+
+def _name_this_process(name: str) -> None:
+    """What ``ps -o comm`` (and psutil's name()) show: a forked copy of the fork server
+    would otherwise look just like it, or like a rank."""
+    import ctypes
+    ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def _serve(sock: socket.socket) -> None:
