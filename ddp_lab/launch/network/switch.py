@@ -23,9 +23,9 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 
+from ddp_lab.launch.network.namespaces import CLONE_NEWNET
 from ddp_lab.launch.network.setting import LinkPlan
 
-CLONE_NEWNET = 0x40000000  # <linux/sched.h>
 QUEUE_LATENCY = "50ms"  # tbf's queue: how long a packet may wait for tokens before a drop
 MAX_SLOTS = 256
 TOOL_TIMEOUT_S = 20.0
