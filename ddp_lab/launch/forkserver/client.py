@@ -250,8 +250,8 @@ class _Holder:
 
 
 def _private_prefix() -> tuple[str, ...]:
-    """The server, its ranks and the stores it hosts live in a user and network namespace
-    of their own (network/isolation.py): no port of a run exists in the machine's namespace."""
+    """The server, its ranks and the stores it hosts live in a network namespace of
+    their own (network/isolation.py): no port of a run exists in the machine's namespace."""
     from ddp_lab.launch.network.isolation import prefix
     return prefix()
 

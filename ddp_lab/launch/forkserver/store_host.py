@@ -3,11 +3,12 @@
 Why not in the fork server: a TCPStore serves from threads of its own, and fork copies only
 the calling thread, so a lock another thread held at that instant stays held for ever in the
 child (https://man7.org/linux/man-pages/man2/fork.2.html, "multithreaded process"). With the
-stores in the fork server, one 4-rank run in a hundred hung at start, every rank waiting. Why not in the kernel, as before: the store must listen inside the run's private
-network (network/isolation.py), and its owner connects to it as a client too, which the
-kernel, outside that network, cannot. So the fork server forks this host once, before any
-store exists: it lives in the same private network, holds every run's store, and ends with
-the fork server (end of file on its socket).
+stores in the fork server, one 4-rank run in a hundred hung at start, every rank waiting.
+Why not in the kernel, as before: the store must listen inside the run's private network
+(network/isolation.py), and its owner connects to it as a client too, which the kernel,
+outside that network, cannot. So the fork server forks this host once, before any store
+exists: it lives in the same private network, holds every run's store, and ends with the
+fork server (end of file on its socket).
 """
 
 from __future__ import annotations

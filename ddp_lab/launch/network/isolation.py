@@ -26,7 +26,6 @@ import sys
 import warnings
 
 from ddp_lab.launch.network import namespaces
-from ddp_lab.launch.network.namespaces import why_refused
 
 MODE_VAR = "DDP_LAB_ISOLATION"
 MODES = ("auto", "strict", "off")
@@ -143,7 +142,7 @@ class PrivateNetwork:
                 said = self.holder.stderr.read().strip()
                 self.close()
                 raise IsolationUnavailable("a private network could not be made, though "
-                                           f"the probe could: {why_refused(said)}")
+                                           f"the probe could: {said}")
         return helper_command("--join", str(self.holder.pid), "--")
 
     def command(self, host, argv: list[str]) -> list[str]:
@@ -175,7 +174,7 @@ def describe() -> str:
         return f"{MODE_VAR}=off: runs use this machine's network (other users can reach them)"
     reason = probe()
     if reason is None:
-        return f"private: each run in a user + network namespace of its own ({MODE_VAR}={chosen})"
+        return f"private: each run in a network namespace of its own ({MODE_VAR}={chosen})"
     refused = "runs are refused" if chosen == "strict" else \
         "runs fall back to this machine's loopback, which other users can reach"
     return f"not private ({reason}): {refused} ({MODE_VAR}={chosen})"

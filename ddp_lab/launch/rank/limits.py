@@ -5,7 +5,8 @@ endless loop, a log file filling the disk) takes memory, cores and disk from eve
 administrator sets the variable for every kernel (or a learner in ``env=``); each rank then
 runs under these ``setrlimit`` limits, which its children inherit, and exceeding one fails
 that rank alone with an error that says so (MemoryError or torch's "can't allocate memory",
-SIGXCPU, SIGXFSZ), reported as any other crash. https://man7.org/linux/man-pages/man2/getrlimit.2.html
+SIGXCPU, SIGXFSZ), reported as any other crash.
+https://man7.org/linux/man-pages/man2/getrlimit.2.html
 
 - ``memory``: bytes of data (heap and private mappings, RLIMIT_DATA; not RLIMIT_AS, which
   counts the address space torch reserves without using it);

@@ -14,8 +14,8 @@ promises:
 - after ``timeout`` seconds, ``WorkerTimeout`` with each stuck rank's Python stack (workers
   run with ``PYTHONFAULTHANDLER=1``, so SIGABRT makes them print it first);
 - private: the agent (its store listens on every interface of its network namespace, and
-  unpickles the rendezvous state it holds) and its workers run in a user + network
-  namespace of their own with only a loopback (network/isolation.py), which nobody else reaches;
+  unpickles the rendezvous state it holds) and its workers run in a network namespace of
+  their own with only a loopback (network/isolation.py), which nobody else reaches;
 - nothing left: the agent runs in its own session and its workers in theirs (torchrun puts
   each worker in a new session), so cleanup walks the agent's process tree; if this process
   dies, the agent sees its stdin close and stops its workers itself.
