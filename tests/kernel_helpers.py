@@ -77,3 +77,19 @@ def execute(client, code: str, timeout: float = 120, keep_messages: bool = False
             break
     run.reply = _shell_reply(client, msg_id, timeout)
     return run
+
+
+def interrupt(manager, client, msg_id: str, timeout: float = 60) -> dict:
+    """Interrupt the running request ``msg_id`` and return its execute_reply, once the kernel
+    is done with it. An error reply makes ipykernel abort the execute requests that reach it
+    before it has posted its "stop aborting" marker (kernelbase.py, ``_abort_queues``); the
+    reply is sent before that marker, the iopub "idle" after it. So a request sent right after
+    the reply can be answered "aborted" on a busy machine, and one sent after "idle" cannot:
+    wait for it, as a frontend does before it runs the next cell."""
+    manager.interrupt_kernel()
+    reply = _shell_reply(client, msg_id, timeout)
+    while True:
+        msg = client.get_iopub_msg(timeout=timeout)
+        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"):
+            return reply

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from conftest import wait_until_gone
-from kernel_helpers import execute, start_kernel
+from kernel_helpers import execute, interrupt, start_kernel
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -147,15 +147,14 @@ def test_name_error_says_push_or_import(kernel, setup, cell, advice):
 
 def test_interrupt_stops_every_rank(kernel, tmp_path):
     manager, client = kernel
-    client.execute(f"""%%ddp -n 2 --timeout 600
+    msg_id = client.execute(f"""%%ddp -n 2 --timeout 600
 import os, time, pathlib
 pathlib.Path({str(tmp_path)!r}, f"rank{{rank}}.pid").write_text(str(os.getpid()))
 time.sleep(600)
 """)
     from run_probes import wait_for_pids
     pids = wait_for_pids(Path(tmp_path), 2)
-    manager.interrupt_kernel()
-    reply = client.get_shell_msg(timeout=60)["content"]
+    reply = interrupt(manager, client, msg_id)
     assert reply["ename"] == "KeyboardInterrupt"
     assert wait_until_gone(pids, seconds=5) == []
 
