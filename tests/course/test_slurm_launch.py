@@ -54,6 +54,42 @@ def test_sbatch_scripts_use_the_same_mappings():
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in per_task
 
 
+def test_sbatch_torchrun_gives_each_node_its_own_node_rank():
+    """The printed script (a), run through bash as sbatch and srun would: each node's shell
+    expands $SLURM_NODEID, and every task starts torchrun_args of its own variables."""
+    nodes, port = ["gpu01", "gpu02", "gpu03"], 29500 + 4242 % 1000
+    started = slurm.sbatch_dry_run(slurm.sbatch_torchrun(3, 4), nodes, 1, "gpu[01-03]")
+    assert [t["command"][2] for t in started] == [
+        "--node-rank=0", "--node-rank=1", "--node-rank=2"]
+    job = slurm.srun_env(nodes, 1, nodelist="gpu[01-03]")
+    assert [t["command"] for t in started] == [
+        ["torchrun", *slurm.torchrun_args(t, 4, port), "train.py"] for t in job]
+
+
+def test_bare_srun_torchrun_gives_every_node_rank_0():
+    """The unquoted form: the batch shell expands $SLURM_NODEID once, on the first node."""
+    script = slurm.sbatch_torchrun(2, 8, per_task_expansion=False)
+    started = slurm.sbatch_dry_run(script, ["gpu01", "gpu02"], 1, "gpu[01-02]")
+    assert [t["command"][2] for t in started] == ["--node-rank=0", "--node-rank=0"]
+
+
+def test_sbatch_per_task_exports_env_for_task():
+    nodes, port = ["gpu01", "gpu02"], 29500 + 4242 % 1000
+    started = slurm.sbatch_dry_run(slurm.sbatch_per_task(2, 3), nodes, 3, "gpu[01-02]")
+    assert [t["command"] for t in started] == [["python", "train.py"]] * 6
+    assert [t["env"] for t in started] == [
+        slurm.env_for_task(t, port) for t in slurm.srun_env(nodes, 3, nodelist="gpu[01-02]")]
+
+
+def test_sbatch_dry_run_reports_a_failing_script():
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        slurm.sbatch_dry_run("exit 3", ["gpu01"], 1)
+
+
+def test_virtual_local_rank_narrows_cuda_visible_devices():
+    assert launch_modes.virtual_local_rank("5,1") == {0: ("0", "5"), 1: ("0", "1")}
+
+
 def test_per_task_run_joins_ranks_through_env_alone():
     result = slurm.per_task_run(tasks=2)
     assert result.returncodes == [0, 0], result.outputs

@@ -16,12 +16,17 @@
 - ``--nproc-per-node`` by name (``determine_local_world_size`` in torch/distributed/run.py):
   ``gpu`` is ``torch.cuda.device_count()`` and fails without CUDA; ``auto`` is the
   accelerator's device count, or without one the CPUs this process may run on
-  (``torch._utils.cpu_count``: ``os.sched_getaffinity``); ``cpu`` is always the latter.
+  (``torch._utils.cpu_count``: ``os.sched_getaffinity``); ``cpu`` is always the latter;
+- ``--virtual-local-rank`` (``_set_local_rank_env`` in
+  torch/distributed/elastic/agent/server/local_elastic_agent.py): every worker gets
+  ``LOCAL_RANK=0`` and ``CUDA_VISIBLE_DEVICES`` narrowed to the agent's entry at its local
+  rank.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import uuid
 
@@ -91,3 +96,21 @@ def no_python(timeout: float = 60.0) -> TorchrunResult:
     with tempfile.TemporaryDirectory(prefix="ddp_lab-torchrun-") as log_dir:
         return torchrun(["--no-python", "printenv", "RANK", "LOCAL_RANK", "WORLD_SIZE"], 2,
                         log_dir=log_dir, timeout=timeout)
+
+
+def virtual_local_rank(visible: str = "2,3", timeout: float = 60.0) -> dict[int, tuple[str, str]]:
+    """``CUDA_VISIBLE_DEVICES=VISIBLE torchrun --virtual-local-rank --no-python printenv
+    LOCAL_RANK CUDA_VISIBLE_DEVICES`` on 2 workers: ``{local rank: (LOCAL_RANK,
+    CUDA_VISIBLE_DEVICES)}`` as each worker saw them (``--tee`` prefixes its lines)."""
+    agent = Agent(ThisMachine(), ("--standalone", "--nproc-per-node=2", "--virtual-local-rank",
+                                  "--tee=3", "--no-python", "printenv", "LOCAL_RANK",
+                                  "CUDA_VISIBLE_DEVICES"), {"CUDA_VISIBLE_DEVICES": visible})
+    result = run_agents([agent], timeout=timeout, echo=False)
+    if result.returncodes != [0]:
+        raise RuntimeError(f"torchrun --virtual-local-rank failed: {result.outputs[0][-5:]}")
+    seen: dict[int, list[str]] = {}
+    for line in result.outputs[0]:
+        match = re.match(r"\[default(\d+)\]:(.*)", line)
+        if match:
+            seen.setdefault(int(match[1]), []).append(match[2].strip())
+    return {rank: tuple(values) for rank, values in sorted(seen.items())}
