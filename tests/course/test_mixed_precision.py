@@ -7,6 +7,7 @@ import torch
 
 import ddp_lab
 from ddp_lab.course.ch05_ddp_basics import mixed_precision
+from ddp_lab.course.models import ToyModel
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,6 +22,8 @@ def test_an_overflow_on_one_rank_skips_the_same_step_everywhere():
         assert [r["stepped"] for r in rank] == [True, False, True, True]
         assert [r["scale"] for r in rank] == [65536.0, 32768.0, 32768.0, 32768.0]
         assert {r["forward_dtype"] for r in rank} == {"bfloat16"}
+        # autocast leaves the buckets float32: one all-reduce of every parameter's 4 bytes
+        assert {tuple(r["all_reduced"]) for r in rank} == {(("float32", 4 * sum(p.numel() for p in ToyModel().parameters())),)}
     assert torch.equal(steps[0][-1]["params"], steps[1][-1]["params"])
     assert torch.equal(steps[0][-1]["params"], steps[2][-1]["params"])
 

@@ -8,6 +8,11 @@ skips the optimizer when it found one and ``update`` multiplies the scale by
 ``backward()`` returns, so an overflow on one rank is an inf on every rank: every scaler skips
 the same step and backs off the same way, and the replicas stay equal. Without DDP's
 all-reduce (ranks averaging later, by hand, after ``unscale_``) the scalers could disagree.
+
+Autocast casts inside the forward's ops only: parameters, ``.grad`` and so DDP's buckets
+stay float32, and the all-reduce moves as many bytes as without it (``CollectiveTrace``
+around backward records them). Fewer bytes take a comm hook (``bf16_compress_hook``,
+torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py) or DDP's ``mixed_precision=``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.course.models import ToyModel
 from ddp_lab.course.params import flat_params
 
@@ -24,7 +30,8 @@ from ddp_lab.course.params import flat_params
 def overflow_on_one_rank(steps: int = 4, bad_step: int = 1, bad_rank: int = 1) -> list[dict]:
     """Train ToyModel under DDP with bf16 autocast and a GradScaler; at ``bad_step`` one
     input value on ``bad_rank`` alone is inf. Per step: whether this rank's own batch was
-    finite, whether its gradients were, whether the step was taken, the scale after it."""
+    finite, whether its gradients were, whether the step was taken, the scale after it, and
+    the all-reduces of backward as (dtype, bytes)."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DDP(ToyModel())
@@ -40,7 +47,8 @@ def overflow_on_one_rank(steps: int = 4, bad_step: int = 1, bad_rank: int = 1) -
             outputs = model(inputs)
         loss = F.mse_loss(outputs.float(), targets)
         optimizer.zero_grad()
-        scaler.scale(loss).backward()
+        with CollectiveTrace() as trace:
+            scaler.scale(loss).backward()
         grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
         scaler.step(optimizer)
         scaler.update()
@@ -48,6 +56,8 @@ def overflow_on_one_rank(steps: int = 4, bad_step: int = 1, bad_rank: int = 1) -
                        "grads_finite": grads_finite,
                        "stepped": not torch.equal(before, flat_params(model)),
                        "scale": float(scaler.get_scale()),
+                       "all_reduced": [(str(c.dtype).replace("torch.", ""), c.nbytes)
+                                       for c in trace.of("all_reduce")],
                        "forward_dtype": str(outputs.dtype).replace("torch.", "")})
     record.append({"params": flat_params(model).clone()})
     return record
