@@ -223,3 +223,5 @@ def test_each_rank_brings_its_own_loader_workers():
                              echo=False).values
     assert [f["loader_workers"] for f in footprints] == [3, 3]
     assert oversubscription.busy_per_machine(footprints) == 2 * (3 + footprints[0]["intra_op_threads"])
+    assert oversubscription.busy_per_machine(footprints) > oversubscription.cores()
+    assert all(f["worker_threads"] == [1] for f in footprints)  # torch's worker loop sets 1
