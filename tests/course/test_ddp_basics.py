@@ -194,6 +194,9 @@ def test_ddp_prefix_dcp_keys_and_weights_only(tmp_path):
         assert rank["plain_refuses"] and rank["restored_equal"]
     loading = dcp_checkpoint.weights_only(str(tmp_path / "settings.pt"))
     assert loading["refused"] and loading["trusted"] == "RunSettings" and loading["plain_ok"]
+    # the safe way in: an allowlisted class loads with weights_only=True, inside the with only
+    assert "torch.serialization.add_safe_globals" in loading["advice"]
+    assert loading["allowlisted"] == "RunSettings" and loading["refused_after"]
 
 
 def test_model_parallel_ddp_step_equals_one_process_on_both_batches():

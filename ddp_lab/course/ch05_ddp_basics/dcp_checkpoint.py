@@ -11,7 +11,9 @@
   models (notebook 10).
 - ``torch.load`` unpickles only tensors, primitive types and containers of them by default
   since torch 2.6 (``weights_only=True``): a checkpoint holding an arbitrary object (a config
-  class, a lambda) is refused, because unpickling runs code. The course passes it explicitly.
+  class, a lambda) is refused, because unpickling runs code. A class you trust is allowlisted
+  with ``torch.serialization.add_safe_globals`` or, for one load, the ``safe_globals``
+  context manager (torch/serialization.py); ``weights_only=False`` trusts the whole file.
 """
 
 from __future__ import annotations
@@ -71,15 +73,31 @@ def _load_error(model, state) -> str:
 
 
 def weights_only(path: str) -> dict:
-    """torch.load on a checkpoint with a dataclass in it: refused by default, read with
-    weights_only=False (which runs whatever the pickle says: only for files you trust)."""
+    """torch.load on a checkpoint with a dataclass in it: refused by default (the message
+    names the allowlist), read with ``weights_only=True`` inside
+    ``torch.serialization.safe_globals([RunSettings])`` (and refused again after it), and with
+    ``weights_only=False`` (which runs whatever the pickle says: only for files you trust)."""
     torch.save({"weights": torch.ones(2), "settings": RunSettings()}, path)
-    try:
-        torch.load(path)
-        refused = ""
-    except pickle.UnpicklingError as err:
-        refused = str(err).splitlines()[0]
+    refused, advice = _refusal(path)
+    with torch.serialization.safe_globals([RunSettings]):
+        allowlisted = torch.load(path)  # weights_only=True, the default
     trusted = torch.load(path, weights_only=False)
     torch.save({"weights": torch.ones(2), "settings": {"lr": 0.1}}, path)
-    return {"refused": refused, "trusted": type(trusted["settings"]).__name__,
+    return {"refused": refused, "advice": advice,
+            "allowlisted": type(allowlisted["settings"]).__name__,
+            "refused_after": bool(_refusal(path.replace(".pt", "_again.pt"), RunSettings())[0]),
+            "trusted": type(trusted["settings"]).__name__,
             "plain_ok": torch.load(path)["settings"] == {"lr": 0.1}}
+
+
+def _refusal(path: str, settings: RunSettings | None = None) -> tuple[str, str]:
+    """torch.load's refusal of a file holding a RunSettings: its first line, and the line
+    that says which allowlist call would accept the class."""
+    if settings is not None:
+        torch.save({"settings": settings}, path)
+    try:
+        torch.load(path)
+    except pickle.UnpicklingError as err:
+        lines = str(err).splitlines()
+        return lines[0], next((line.strip() for line in lines if "add_safe_globals" in line), "")
+    return "", ""

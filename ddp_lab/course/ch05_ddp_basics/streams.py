@@ -8,7 +8,7 @@ of ``__iter__`` (``get_worker_info()`` says which one, torch/utils/data/_utils/w
 Without that, every rank and every worker reads the whole stream.
 
 Sharded streams rarely divide evenly, and a rank that runs one step more than its peers
-waits forever in that step's all-reduce (notebook 08). Here the ranks agree before each
+waits in that step's all-reduce until the process group's timeout (notebook 08). Here the ranks agree before each
 step, with one small all-reduce (MIN of "I have a batch"), and all stop at the first rank's
 end of data.
 """
