@@ -18,7 +18,13 @@ rank's tokens (first choices first, then in token order); the rest are dropped (
 contribution is zero, a residual connection outside carries the token on). After a forward,
 ``stats`` holds the counts and ``aux_loss`` Switch's load-balancing loss. The router is
 replicated: its gradient here comes from this rank's tokens (averaged by DDP like any
-replicated parameter); an expert's gradient comes from every rank's tokens routed to it.
+replicated parameter); an expert's gradient comes from every rank's tokens routed to it, summed
+by the all-to-all's backward, so for the same loss averaged over the ranks it needs dividing by
+the number of ranks whose tokens it saw (see ``course/ch13_experts/routing.sync_gradients``).
+
+The forward runs three all-to-alls (the counts, the dispatch, the combine), the backward two
+(the counts are known by then). ``.tolist()`` of the split sizes is a device-to-host sync on a
+GPU; systems with fixed shapes pad to a capacity instead.
 """
 
 from __future__ import annotations
@@ -100,6 +106,13 @@ def _expert(d_model: int, d_hidden: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_model, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_model))
 
 
+def expert_with_seed(d_model: int, d_hidden: int, seed: int) -> nn.Sequential:
+    """One expert, initialised from ``seed`` alone (the global RNG is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _expert(d_model, d_hidden)
+
+
 def keep_within_capacity(expert_of: torch.Tensor, n_experts: int, capacity: int | None):
     """A mask over (token, slot) assignments: the first ``capacity`` per expert, first
     choices before second choices, each in token order."""
@@ -124,9 +137,14 @@ class MoE(nn.Module):
         self.n_experts, self.top_k, self.capacity_factor, self.group = n_experts, top_k, capacity_factor, group
         self.world, self.local = world, n_experts // world
         self.router = nn.Linear(d_model, n_experts, bias=False)
-        every = [_expert(d_model, d_hidden) for _ in range(n_experts)]  # same RNG use as one process
+        # One seed drawn from the global RNG (the same on every rank seeded alike), then each
+        # expert built from its own seed: a rank builds only its own experts, and expert e has
+        # the same weights on any number of ranks, never holding the whole layer at once.
+        self.expert_seed = int(torch.randint(2 ** 62, (), dtype=torch.int64))
         self.first_expert = rank * self.local
-        self.experts = nn.ModuleList(every[self.first_expert:self.first_expert + self.local])
+        self.experts = nn.ModuleList(
+            expert_with_seed(d_model, d_hidden, self.expert_seed + e)
+            for e in range(self.first_expert, self.first_expert + self.local))
         self.stats: RouterStats | None = None
         self.aux_loss: torch.Tensor | None = None
 
@@ -165,6 +183,16 @@ class MoE(nn.Module):
         requested = torch.bincount(expert_of.reshape(-1), minlength=self.n_experts)
         kept = torch.bincount(expert_of[keep], minlength=self.n_experts)
         self.stats = RouterStats(requested.tolist(), kept.tolist(), self.capacity(tokens))
-        # Switch's loss: n_experts * sum_e (share of assignments to e) * (mean probability of e)
-        share = requested.to(probs.dtype) / (tokens * self.top_k)
-        self.aux_loss = self.n_experts * (share * probs.mean(dim=0)).sum()
+        self.aux_loss = switch_aux_loss(probs, requested, self.top_k)
+
+
+def switch_aux_loss(probs: torch.Tensor, requested: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Switch's load-balancing loss ``n_experts * sum_e f_e P_e``: f_e the share of the
+    assignments that went to e (a count, no gradient), P_e the mean router probability of e.
+    Exactly 1 when either f or P is uniform; usually, not always, above 1 under imbalance.
+    Its gradient with respect to P_e is ``n_experts * f_e``. Zero (not NaN) with no tokens."""
+    tokens, n_experts = probs.shape
+    if tokens == 0:
+        return probs.sum() * 0   # keeps the graph (a zero gradient) on a rank without tokens
+    share = requested.to(probs.dtype) / (tokens * top_k)
+    return n_experts * (share * probs.mean(dim=0)).sum()

@@ -105,3 +105,89 @@ def test_expert_parallel_in_a_group_of_its_own():
     for rank, g in enumerate(got):
         torch.testing.assert_close(g["out"], want["outs"][rank % 2])
         assert g["first_expert"] == 2 * (rank % 2)
+
+
+def _built_experts():
+    """This rank's experts' weights, and whether the global RNG after the build is where one
+    process's build leaves it."""
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    moe = scratch.MoE(D_MODEL, D_HIDDEN, EXPERTS, top_k=2)
+    return {"weights": {moe.first_expert + i: [p.detach().clone() for p in e.parameters()]
+                        for i, e in enumerate(moe.experts)},
+            "router": moe.router.weight.detach().clone(), "next": torch.rand(3),
+            "built": [moe.first_expert + i for i in range(len(moe.experts))],
+            "rank": dist.get_rank()}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_each_rank_builds_only_its_experts_with_one_process_weights(world):
+    """Per-expert seeds: a rank builds its own experts only, with the same weights a one-process
+    build gives them, and the global RNG moves on the same way on every number of ranks."""
+    [want] = ddp_lab.run(_built_experts, 1, echo=False).values
+    got = ddp_lab.run(_built_experts, world, echo=False).values
+    for g in got:
+        assert len(g["built"]) == EXPERTS // world
+        torch.testing.assert_close(g["router"], want["router"], rtol=0, atol=0)
+        torch.testing.assert_close(g["next"], want["next"], rtol=0, atol=0)
+        for e, weights in g["weights"].items():
+            torch.testing.assert_close(weights, want["weights"][e], rtol=0, atol=0)
+
+
+def test_experts_are_built_one_at_a_time():
+    """Building the layer never constructs an expert another rank holds."""
+    assert ddp_lab.run(_count_builds, 2, echo=False).values == [EXPERTS // 2, EXPERTS // 2]
+
+
+def _count_builds():
+    from unittest import mock
+
+    from ddp_lab.scratch import moe as moe_module
+    calls = []
+    real = moe_module._expert
+
+    def counting(*args):
+        calls.append(args)
+        return real(*args)
+    with mock.patch.object(moe_module, "_expert", counting):
+        torch.manual_seed(0)
+        scratch.MoE(D_MODEL, D_HIDDEN, EXPERTS, top_k=2)
+    return len(calls)
+
+
+def test_aux_loss_is_one_when_either_share_or_probability_is_uniform():
+    from ddp_lab.scratch.moe import switch_aux_loss
+    g = torch.Generator().manual_seed(0)
+    n = 4
+    skewed = torch.softmax(3 * torch.randn(6, n, generator=g), -1)
+    uniform_p = torch.full((6, n), 1 / n)
+    uneven = torch.tensor([7, 3, 2, 0])
+    even = torch.tensor([3, 3, 3, 3])
+    assert switch_aux_loss(uniform_p, uneven, 2).item() == pytest.approx(1)   # P uniform
+    assert switch_aux_loss(skewed, even, 2).item() == pytest.approx(1)        # f uniform
+    # under imbalance it can fall below 1 (the review's top-1 example): f=(2/3,1/3)
+    probs = torch.tensor([[0.51, 0.49], [0.51, 0.49], [0.01, 0.99]])
+    below = switch_aux_loss(probs, torch.tensor([2, 1]), 1).item()
+    assert below == pytest.approx(2 * (2 / 3 * 1.03 / 3 + 1 / 3 * 1.97 / 3)) and below < 1
+    # its gradient in P_e is n * f_e
+    p_mean = skewed.mean(0).requires_grad_()
+    rows = p_mean.expand(6, n)   # every token with probabilities P: mean(0) is P again
+    switch_aux_loss(rows, uneven, 2).backward()   # 12 assignments of 6 tokens, top-2
+    torch.testing.assert_close(p_mean.grad, n * uneven / uneven.sum())
+
+
+def _empty_rank():
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    moe = scratch.MoE(D_MODEL, D_HIDDEN, EXPERTS, top_k=2, capacity_factor=1.0)
+    x = batch(0) if dist.get_rank() == 0 else torch.zeros(0, D_MODEL)
+    out = moe(x)
+    (out.square().sum() + moe.aux_loss).backward()
+    return {"aux": moe.aux_loss.item(),
+            "finite": all(bool(torch.isfinite(p.grad).all()) for p in moe.parameters() if p.grad is not None)}
+
+
+def test_a_rank_without_tokens_has_zero_aux_loss_not_nan():
+    got = ddp_lab.run(_empty_rank, 2, echo=False).values
+    assert got[1]["aux"] == 0.0 and got[0]["aux"] > 0
+    assert got[0]["finite"] and got[1]["finite"]
