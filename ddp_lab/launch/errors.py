@@ -6,11 +6,19 @@ They are plain data plus a message, so a notebook can both print them and inspec
 
 from __future__ import annotations
 
+import copyreg
 import re
 
 
 class DistributedRunError(RuntimeError):
     """Base class of every failure of a multi-rank run started by ddp_lab."""
+
+    def __reduce__(self):
+        """Pickle as what it is now: its message (``args``, which a live call extends with
+        what became of the ranks) and every field, rebuilt without calling ``__init__``
+        (whose arguments are not the message), so a run inside a process pool or a batch
+        tool can hand its error back."""
+        return copyreg.__newobj__, (type(self), *self.args), self.__dict__
 
     def _render_traceback_(self) -> list[str]:
         """IPython shows these lines instead of a traceback through the launcher: the
