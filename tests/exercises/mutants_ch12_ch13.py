@@ -185,6 +185,15 @@ def swaps_the_split_sizes(rows, counts):
     return arrived, got
 
 
+def reads_the_width_from_the_first_row(rows, counts):
+    """Right on every rank that sends something; a rank that sends nothing has no first row."""
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    arrived = rows.new_empty((int(got.sum()), len(rows[0])))
+    dist.all_to_all_single(arrived, rows, got.sum(1).tolist(), counts.sum(1).tolist())
+    return arrived, got
+
+
 # 13.dispatch: right answers that differ from the reference ----------------------------------
 
 def with_imported_names(rows, counts):
@@ -250,4 +259,5 @@ MUTANTS += [
     ("13.dispatch", moves_the_rows_in_half_precision, re.escape("travelled as torch.float16")),
     ("13.dispatch", forgets_the_split_sizes, re.escape("pass output_split_sizes and input")),
     ("13.dispatch", swaps_the_split_sizes, re.escape("the split sizes do not add up")),
+    ("13.dispatch", reads_the_width_from_the_first_row, r"index 0 is out of bounds"),
 ]

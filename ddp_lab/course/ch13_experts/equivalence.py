@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from ddp_lab import scratch
+from ddp_lab.course.ch13_experts.routing import sync_gradients
 
 
 @dataclass(frozen=True)
@@ -72,4 +74,53 @@ def both(config: MoEConfig = MoEConfig()) -> dict:
     solo = [dist.new_group([r]) for r in range(dist.get_world_size())]
     if dist.get_rank() == 0:
         result["one process"] = one_process(config, dist.get_world_size(), solo[0])
+    return result
+
+
+def expert_and_data_parallel(config: MoEConfig = MoEConfig(), ep: int = 2) -> dict:
+    """Expert parallelism inside data parallelism: a (dp, ep) mesh of the ranks, the experts
+    split over each ``ep`` group and replicated over the ``dp`` groups (rank ``i * ep + j``
+    holds the same experts as ``j``), the router replicated everywhere. Each rank feeds its
+    own tokens and the loss is their mean over all ranks; ``routing.sync_gradients`` averages
+    the router over every rank and sums each expert over its dp group, dividing by every rank.
+    Also returned: each expert's gradient as DDP over the dp group alone would leave it
+    (summed over dp, divided by dp only)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (world // ep, ep), mesh_dim_names=("dp", "ep"))
+    ep_group, dp_group = mesh.get_group("ep"), mesh.get_group("dp")
+    moe = make_moe(config, ep_group)
+    out = moe(tokens(config, rank))
+    _loss(moe, out).backward()
+    sync_gradients(moe, world, dp_group)
+    dp = dist.get_world_size(dp_group)
+    return {"out": out.detach(), "router_grad": moe.router.weight.grad.clone(),
+            "ep_ranks": dist.get_process_group_ranks(ep_group),
+            "dp_ranks": dist.get_process_group_ranks(dp_group),
+            "experts": list(range(moe.first_expert, moe.first_expert + moe.local)),
+            "expert_grads": {moe.first_expert + i: [p.grad.clone() for p in e.parameters()]
+                             for i, e in enumerate(moe.experts)},
+            "expert_grads_dp_mean": {moe.first_expert + i: [p.grad * world / dp for p in e.parameters()]
+                                     for i, e in enumerate(moe.experts)}}
+
+
+def one_process_mean(config: MoEConfig, world: int, group=None) -> dict:
+    """The reference for :func:`expert_and_data_parallel`: every expert in one process, the
+    loss the mean of every rank's loss."""
+    moe = make_moe(config, group)
+    outs = []
+    for rank in range(world):
+        out = moe(tokens(config, rank))
+        (_loss(moe, out) / world).backward()
+        outs.append(out.detach())
+    return {"outs": outs, "router_grad": moe.router.weight.grad,
+            "expert_grads": {e: [p.grad for p in m.parameters()] for e, m in enumerate(moe.experts)}}
+
+
+def both_ep_dp(config: MoEConfig = MoEConfig(), ep: int = 2) -> dict:
+    """:func:`expert_and_data_parallel` on every rank; rank 0 also computes the reference on a
+    one-rank group of its own."""
+    result = expert_and_data_parallel(config, ep)
+    solo = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    if dist.get_rank() == 0:
+        result["one process"] = one_process_mean(config, dist.get_world_size(), solo[0])
     return result

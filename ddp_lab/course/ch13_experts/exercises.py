@@ -5,8 +5,8 @@ The learner writes ``dispatch(rows, counts)``: ``rows`` sorted by destination ra
 by that rank's local expert, ``counts[j, e]`` of them for expert ``e`` of rank ``j``. It
 returns the rows this rank receives (by source rank, then expert) and ``got[j, e]``, how
 many came from rank ``j`` for its own expert ``e``. The check runs it on 1 to 4 ranks with
-random counts (zeros included, a rank that receives nothing, each rank sending most of its
-rows to one other rank) and random row widths, with ``scratch.moe``'s dispatch switched off
+random counts (zeros included, a rank that receives nothing, a rank that sends nothing, each
+rank sending most of its rows to one other rank) and random row widths, with ``scratch.moe``'s dispatch switched off
 however it is imported, and compares with what every rank sent. Then the cost, as
 CollectiveTrace records it whatever form the collectives took: the counts' exchange plus one
 variable all-to-all of the rows. Padding every block to the largest, or sending every rank
@@ -40,14 +40,17 @@ def _shapes(seed: int) -> tuple[int, int]:
 
 
 def _inputs(seed: int, rank: int, world: int):
-    """0-2 rows per expert of every rank, 4-7 more for each expert of one rank, and on 2+
-    ranks none at all for the last rank: uneven blocks, an empty one, a rank receiving none."""
+    """0-2 rows per expert of every rank, 4-7 more for each expert of one rank, on 2+ ranks
+    none at all for the last rank, and on 3+ ranks none at all from rank 1: uneven blocks, an
+    empty one, a rank receiving none, a rank sending none (an empty ``rows``)."""
     local_experts, width = _shapes(seed)
     g = generator(seed, rank)
     counts = torch.randint(0, 3, (world, local_experts), generator=g)
     if world > 1:
         counts[(rank + 1) % (world - 1)] += torch.randint(4, 8, (local_experts,), generator=g)
         counts[world - 1] = 0
+    if world > 2 and rank == 1:
+        counts.zero_()
     return torch.randn(int(counts.sum()), width, generator=g), counts
 
 

@@ -4,9 +4,10 @@ per expert (from every rank), tokens dropped at the capacity, the loss, and how 
 step spent in the all-to-alls; then the share of dropped tokens against the capacity factor.
 
 Tokens come from a few clusters, each with its own target map. A freshly initialised router
-sends a whole cluster to the same experts, so a few experts get most tokens and, with a
-capacity, drop many of them. The auxiliary loss ``n_experts * sum_e f_e P_e`` (f: share of
-assignments to e, P: mean router probability of e) is smallest when both are uniform.
+sends the tokens of a tight cluster, nearly one vector, to the same experts, so a few experts
+get most tokens and, with a capacity, drop many of them. The auxiliary loss
+``n_experts * sum_e f_e P_e`` (f: share of assignments to e, P: mean router probability of e)
+is exactly 1 when either is uniform; its gradient in P_e is ``n_experts * f_e``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import importlib
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from unittest import mock
 
 import torch
@@ -32,7 +33,7 @@ class TrainConfig:
     d_hidden: int = 32
     n_experts: int = 8
     top_k: int = 2
-    capacity_factor: float = 1.25
+    capacity_factor: float | None = 1.25   # None: dropless, every assignment kept
     tokens: int = 64   # per rank and step
     clusters: int = 3
     steps: int = 25
@@ -69,10 +70,19 @@ def comm_timers(box: list) -> ExitStack:
     return stack
 
 
-def sync_gradients(moe, world: int) -> None:
-    """As DDP would for one loss averaged over the ranks: the replicated router's gradient
-    averaged; each expert's already sums every rank's tokens, so divided by the ranks."""
+def sync_gradients(moe, world: int, dp_group=None) -> None:
+    """For one loss averaged over all ``world`` ranks. The router is replicated everywhere:
+    its gradient (this rank's tokens) is summed over every rank and divided by ``world``, as
+    DDP would average it. An expert's gradient already sums the tokens of every rank of its
+    expert-parallel group (the all-to-all's backward brings them); its replicas in the other
+    groups, one per rank of ``dp_group`` (experts replicated over data parallelism), saw other
+    tokens, so it is summed over ``dp_group`` and then also divided by ``world``, not by the
+    size of ``dp_group`` as DDP over that group would (that leaves it ep times too large)."""
     dist.all_reduce(moe.router.weight.grad)
+    if dp_group is not None and dist.get_world_size(dp_group) > 1:
+        for expert in moe.experts:
+            for p in expert.parameters():
+                dist.all_reduce(p.grad, group=dp_group)
     for p in moe.parameters():
         p.grad /= world
 
@@ -114,4 +124,7 @@ def capacity_sweep(moe, config: TrainConfig, factors=(0.5, 0.75, 1.0, 1.25, 1.5,
 
 
 def with_and_without(config: TrainConfig = TrainConfig(), aux_weight: float = 0.1) -> dict:
-    return {"without": train(config, 0.0), "with": train(config, aux_weight)}
+    """Three runs from the same start: the capacity without and with the aux loss, and the
+    control that keeps every assignment (no capacity, no aux loss)."""
+    return {"without": train(config, 0.0), "with": train(config, aux_weight),
+            "dropless": train(replace(config, capacity_factor=None), 0.0)}
