@@ -6,7 +6,8 @@ MUTANTS holds (exercise, wrong answer, a regex the rejection must match); RIGHT 
 checkers must see through has its mutants: names imported at the top of this module (the
 way a notebook imports them), process-group methods, functional collectives,
 ``distributed_c10d``, sleeps (imported and ``threading.Event().wait``), and the coverage
-holes (frozen weights, a swap, a float32 answer). Data and functions only, no test here."""
+holes (frozen weights, a swap, a float32 answer, NaN and -0.0 compared as values). Data and
+functions only, no test here."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def _group():
 
 def _vector(model, dtype=torch.float64):
     return torch.cat([p.detach().reshape(-1).to(dtype) for p in model.parameters()])
+
+
+def _bits(model):
+    """Every weight's bits, as int32 (the checker's models are float32)."""
+    return torch.cat([p.detach().reshape(-1).view(torch.int32) for p in model.parameters()])
 
 
 # -- 00 --------------------------------------------------------------------------------------
@@ -160,6 +166,31 @@ def functional_norm_range(model):
     return bool(both[0] == -both[1])
 
 
+def compared_as_floats(model):
+    """The old reference: float64 values, so NaN != NaN and -0.0 == +0.0."""
+    v = _vector(model)
+    both = torch.cat([v, -v])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return torch.equal(both[:len(v)], -both[len(v):])
+
+
+def nan_as_a_number(model):
+    """NaN patched to a number: the NaN trial passes, -0.0 still compares equal to +0.0."""
+    v = torch.nan_to_num(_vector(model), nan=12345.0)
+    both = torch.cat([v, -v])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return torch.equal(both[:len(v)], -both[len(v):])
+
+
+def negated_int_bits(model):
+    """Bits as int32 with -x for the minimum: -(INT32_MIN) overflows to itself, and -0.0's
+    bits are INT32_MIN, so +0.0 against -0.0 looks equal."""
+    v = _bits(model)
+    both = torch.cat([v, -v])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return torch.equal(both[:len(v)], -both[len(v):])
+
+
 def returns_a_tensor(model):
     v = _vector(model)
     both = torch.cat([v, -v])
@@ -168,7 +199,7 @@ def returns_a_tensor(model):
 
 
 def broadcast_then_vote(model):
-    v = _vector(model)
+    v = _bits(model)
     first = v.clone()
     broadcast(first, src=0)
     same = torch.tensor([int(torch.equal(v, first))])
@@ -177,14 +208,14 @@ def broadcast_then_vote(model):
 
 
 def gathered_and_compared(model):
-    v = _vector(model)
+    v = _bits(model)
     everybody = [torch.empty_like(v) for _ in range(dist.get_world_size())]
     all_gather(everybody, v)
     return all(torch.equal(x, everybody[0]) for x in everybody)
 
 
 def group_method_range(model):
-    v = _vector(model)
+    v = _bits(model).to(torch.int64)  # wide enough that -x never overflows
     both = torch.cat([v, -v])
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.MAX
@@ -319,6 +350,9 @@ MUTANTS = [
     ("00b.weights_agree", gathered_checksums, "swapped.*checksum"),
     ("00b.weights_agree", functional_norm_range, "swapped.*norm"),
     ("00b.weights_agree", returns_a_tensor, "return a bool"),
+    ("00b.weights_agree", compared_as_floats, "NaN on every rank.*NaN == NaN"),
+    ("00b.weights_agree", nan_as_a_number, "-0.0 where.*sign bits"),
+    ("00b.weights_agree", negated_int_bits, "-0.0 where.*sign bits"),
     ("01.store_barrier", sleeping_barrier, "fixed (wait|time)"),
     ("01.store_barrier", imported_sleep_barrier, "fixed (wait|time)"),
     ("01.store_barrier", event_wait_barrier, "fixed (wait|time)"),

@@ -1,16 +1,20 @@
 """Notebook 00b's exercise: do all ranks hold the same weights? The same answer on every rank.
 
 Live ranks step a model cell by cell, and the one invariant of data parallelism is that
-every rank's weights stay identical. The check builds the same model on every rank (one
-seed), with a frozen layer (``requires_grad=False``: still a weight every rank must agree
-on), then on every world size but 1 runs one trial where the weights agree and one where one
-rank (a random one, rank 0 included) differs in one of three ways, dealt out so that every
-check meets all three: a weight of the frozen layer one float32 step up (the next
-representable number), a trainable weight one step up, or two different weights of one
-tensor swapped. A sum, a mean or a tolerance cannot see the step; a checksum, a norm or a
-sorted copy cannot see the swap; skipping frozen weights misses the first. An answer that
-only one rank knows, or that differs between ranks, fails. The weights must come back
-untouched.
+every rank's weights stay identical: bit for bit, so a weight that is NaN on every rank
+agrees (a run that blew up is still in sync) and +0.0 against -0.0 does not (== calls them
+equal; their sign bits differ). The check builds the same model on every rank (one seed),
+with a frozen layer (``requires_grad=False``: still a weight every rank must agree on), then
+on every world size but 1 runs one trial where the weights agree and one where one rank (a
+random one, rank 0 included) differs in one of three ways, dealt out so that every check
+meets all three: a weight of the frozen layer one float32 step up (the next representable
+number), a trainable weight one step up, or two different weights of one tensor swapped.
+A float32 sum or mean of the weights can round the step away and a tolerance forgives it; a
+sum, a norm, a sorted copy or any checksum that ignores positions cannot see the swap;
+skipping frozen weights misses the first. Last, on one world size, the weights hold a NaN
+and a zero: once the same bits everywhere (agree), once with the zero negated on one rank
+(disagree); a comparison of float values gets both wrong. An answer that only one rank
+knows, or that differs between ranks, fails. The weights must come back untouched.
 """
 
 from __future__ import annotations
@@ -23,25 +27,29 @@ from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
 DIFFERENCES = ("frozen", "trainable", "swap")
+BITS = ("nan", "zero")  # the last trials: a NaN and a zero in the weights (same bits, -0.0)
 
 
 def weights_agree(model: torch.nn.Module) -> bool:
-    """Reference: every parameter in one vector v; one all_reduce(MAX) of [v, -v] gives each
-    entry's largest and (negated) smallest value over the ranks. They are equal exactly when
-    every rank holds the same weights, and every rank reads the same reduced tensor."""
-    v = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in model.parameters()])
-    both = torch.cat([v, -v])
+    """Reference: every parameter's bytes in one uint8 vector v (any dtype, no copy wider
+    than the weights); one all_reduce(MAX) of [v, ~v] gives each byte's largest and
+    (bitwise-negated) smallest value over the ranks, since ~ reverses the order of uint8
+    values. They are equal exactly when every rank holds the same bits (a NaN agrees with
+    the same NaN, -0.0 differs from +0.0), and every rank reads the same reduced tensor."""
+    v = torch.cat([p.detach().reshape(-1).view(torch.uint8) for p in model.parameters()])
+    both = torch.cat([v, ~v])
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    return torch.equal(both[:v.numel()], -both[v.numel():])
+    return torch.equal(both[:v.numel()], ~both[v.numel():])
 
 
-def _model(seed: int) -> torch.nn.Module:
+def _model(seed: int, bits: bool = False) -> torch.nn.Module:
     """The same weights on every rank; sizes only the seed value decides. The last layer is
     frozen, as a fine-tuned model's embedding or a pretrained backbone would be. Weights are
     odd multiples of 1/512: every sum of them or of their squares (under 100 weights) is then
     exact in float32, in any order, so a norm or a checksum never sees a swap by rounding (a
     gate run drew a seed where a norm's summation order did); and none is 0, whose next
-    float32 step is too small for any sum to see."""
+    float32 step is too small for any sum to see. With ``bits``, the first weight is NaN and
+    the second 0.0 on every rank."""
     sizes = torch.randint(2, 6, (4,), generator=generator(seed)).tolist()
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Tanh(),
@@ -51,6 +59,8 @@ def _model(seed: int) -> torch.nn.Module:
     with torch.no_grad():
         for param in model.parameters():
             param.copy_((torch.floor(param * 256) + 0.5) / 256)
+        if bits:
+            model[0].weight.view(-1)[:2] = torch.tensor([float("nan"), 0.0])
     return model
 
 
@@ -72,12 +82,26 @@ def _differ(model: torch.nn.Module, seed: int, how: str) -> str:
     return f"{name}[{i}]{frozen} was one float32 step above the others'"
 
 
+def _bits_differ(model: torch.nn.Module) -> str:
+    """The NaN and zero trials: on the odd rank the zero becomes -0.0."""
+    model[0].weight.data.view(-1)[1] = -0.0
+    return "0.weight[1] was -0.0 where the others hold +0.0 (0.weight[0] is NaN on every rank)"
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """Bits, not values: NaN weights are kept when their bits are."""
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
 def _trial(fn, seed: int, odd_rank: int | None, how: str):
-    model = _model(seed)
-    differs = _differ(model, seed, how) if dist.get_rank() == odd_rank else None
+    model = _model(seed, bits=how in BITS)
+    if how in BITS:
+        differs = _bits_differ(model) if dist.get_rank() == odd_rank else None
+    else:
+        differs = _differ(model, seed, how) if dist.get_rank() == odd_rank else None
     before = [p.detach().clone() for p in model.parameters()]
     got = fn(model)
-    kept = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    kept = all(torch.equal(_bytes(a), _bytes(p)) for a, p in zip(before, model.parameters()))
     return got, kept, differs
 
 
@@ -89,15 +113,23 @@ def check_weights_agree(fn) -> str:
         odd_rank = int(torch.randint(0, n, (1,), generator=generator(seed, n)))
         for odd in [None] + ([odd_rank] if n > 1 else []):
             each_world(_trial, (fn, seed, odd, how), seed=seed, sizes=(n,),
-                       judge_world=lambda results, n: _judge(results, odd, on(n, seed)))
+                       judge_world=lambda results, n: _judge(results, odd, on(n, seed), how))
+    n = WORLD_SIZES[1:][seed % (len(WORLD_SIZES) - 1)]
+    odd_rank = int(torch.randint(0, n, (1,), generator=generator(seed, n, 2)))
+    for odd, how in ((None, "nan"), (odd_rank, "zero")):
+        each_world(_trial, (fn, seed, odd, how), seed=seed, sizes=(n,),
+                   judge_world=lambda results, n: _judge(results, odd, on(n, seed), how))
     return (f"the same verdict on every rank, on 1-4 ranks, with one rank a float32 step "
-            f"off (in a frozen and in a trainable layer) or two weights swapped (seed {seed})")
+            f"off (in a frozen and in a trainable layer), two weights swapped, or -0.0 for "
+            f"+0.0, and a NaN on every rank agreeing with itself (seed {seed})")
 
 
-def _judge(results: list, odd_rank: int | None, where: str) -> None:
+def _judge(results: list, odd_rank: int | None, where: str, how: str = "") -> None:
     expected = odd_rank is None
     held = ("every rank held the same weights" if expected else
             f"rank {odd_rank}'s {results[odd_rank][2]}")
+    if expected and how == "nan":
+        held += ", bit for bit, 0.weight[0] NaN on every rank"
     for rank, (got, kept, _) in enumerate(results):
         if not kept:
             raise ExerciseFailed(f"{where}: rank {rank}'s weights changed during your function: "
@@ -116,6 +148,12 @@ def _judge(results: list, odd_rank: int | None, where: str) -> None:
 
 
 def _why_missed(held: str) -> str:
+    if "NaN on every rank" in held and "-0.0" not in held:
+        return ("NaN == NaN is False for floats, yet the bits agree: compare the bits "
+                "(a tensor's .view(torch.uint8) or .view(torch.int32)), not the values.")
+    if "-0.0" in held:
+        return ("-0.0 == +0.0 is True for floats, yet the sign bits differ: compare the bits "
+                "(a tensor's .view(torch.uint8) or .view(torch.int32)), not the values.")
     if "swapped" in held:
         return ("A sum, a norm, a checksum or a sorted copy is the same after a swap: "
                 "compare every weight with the same weight on the other ranks.")
@@ -133,12 +171,13 @@ EXERCISES = (
         summary="weights_agree(model): True on every rank exactly when all ranks hold the "
                 "same weights",
         hint="each rank needs to know, for every single weight, whether the others hold the "
-             "same number: one collective can tell every rank each weight's largest and "
-             "smallest value over the ranks (what is the largest of -x?).",
-        recipe="v = torch.cat of every parameter, detached and flattened (frozen ones too); "
-               "both = torch.cat([v, -v]); dist.all_reduce(both, op=dist.ReduceOp.MAX) gives "
-               "each weight's maximum and minus its minimum over the ranks; return "
-               "torch.equal(both[:len(v)], -both[len(v):]), the same bool on every rank. "
+             "same bits: one collective can tell every rank each byte's largest and smallest "
+             "value over the ranks (for a uint8 x, what is the largest of ~x?).",
+        recipe="v = torch.cat of every parameter's bytes, detached, flattened and viewed as "
+               "uint8 (p.detach().reshape(-1).view(torch.uint8), frozen ones too); "
+               "both = torch.cat([v, ~v]); dist.all_reduce(both, op=dist.ReduceOp.MAX) gives "
+               "each byte's maximum and ~ its minimum over the ranks; return "
+               "torch.equal(both[:len(v)], ~both[len(v):]), the same bool on every rank. "
                "Reduce the copy, never the parameters.",
         solution=weights_agree,
         checker=check_weights_agree,
