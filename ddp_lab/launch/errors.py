@@ -133,9 +133,11 @@ class WorkerTimeout(DistributedRunError):
         lines = [f"timed out after {self.timeout:g} s: ranks {self.stuck_ranks} were still "
                  f"running" + (f" (ranks {done} had finished)." if done else "."),
                  advice or "A collective that some rank never joins, or a send/recv with no "
-                 "matching peer, waits forever: check that every rank calls the same "
-                 "collectives in the same order (uneven data is the usual cause), or raise "
-                 "timeout= if the work is just slow.", ""]
+                 "matching peer, waits until the process group's timeout (torch's default: "
+                 "30 min on gloo, 10 on NCCL; ddp_lab sets it to the run's timeout + 60 s, so "
+                 "the run's timeout stops the ranks first): check that every rank calls the "
+                 "same collectives in the same order (uneven data is the usual cause), or "
+                 "raise timeout= if the work is just slow.", ""]
         for rank in self.stuck_ranks:
             stack = self.stacks.get(rank, "(no stack)")
             where = waiting_in(stack)
