@@ -17,14 +17,23 @@ Registrar = Callable[["argparse._SubParsersAction"], None]
 # --- notebooks -----------------------------------------------------------------------
 
 def _add_notebooks(sub) -> None:
-    p = sub.add_parser("notebooks", help="execute the course notebooks headless in a real kernel")
+    p = sub.add_parser(
+        "notebooks", help="execute the course notebooks headless in a real kernel",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Execute the course's notebooks in order, each in a fresh Jupyter "
+                    "kernel, as CI and `make course` do. Shows which notebook and cell runs "
+                    "(in place on a terminal, a line now and then in a log), then writes "
+                    "BUILD/index.html: a card per notebook with what it teaches, its run "
+                    "time and your exercises, and keeps your progress in "
+                    "BUILD/progress.json (see `ddp-lab progress`). Exits 1 if a notebook "
+                    "fails.")
     p.add_argument("--dir", default="notebooks", type=Path, help="folder with the notebooks")
     p.add_argument("--build", default="build", type=Path, help="where executed copies and HTML go")
     p.add_argument("--pattern", default="*.ipynb", help="glob of the notebooks to run")
     p.add_argument("--timeout", default=300.0, type=float, help="seconds allowed per cell")
     p.add_argument("--solved", action="store_true",
                    help="fill every exercise cell with its reference solution; fail if a "
-                        "check still says 'not solved yet'")
+                        "check still says 'not solved yet' (records no progress)")
     p.set_defaults(handler=_cmd_notebooks)
 
 
@@ -43,9 +52,11 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         print(f"ddp-lab notebooks: no notebooks match {args.pattern!r} in {args.dir}/; "
               "pass --dir (and --pattern) to point at the course folder", file=sys.stderr)
         return 2
-    reports = notebook_runner.run_all(args.dir, args.build, args.pattern,
-                                      progress=lambda line: print(line, flush=True),
-                                      timeout_per_cell=args.timeout, solved=args.solved)
+    from ddp_lab.tools.progress_live import LiveProgress
+
+    with LiveProgress(sys.stdout) as live:
+        reports = notebook_runner.run_all(args.dir, args.build, args.pattern, progress=live,
+                                          timeout_per_cell=args.timeout, solved=args.solved)
     print("\n" + _summary_table(reports))
     print(f"\nreport: {(args.build / 'index.html').resolve()}", flush=True)
     failed = [r for r in reports if not r.ok]
@@ -54,6 +65,39 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     for r in failed:
         print(f"  {r.describe()}", file=sys.stderr)
     return 1 if failed else 0
+
+
+# --- progress ------------------------------------------------------------------------
+
+def _add_progress(sub) -> None:
+    p = sub.add_parser(
+        "progress", help="which exercises you solved, and when, over your runs",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Print your progress through the course's exercises, as the runs of "
+                    "`ddp-lab notebooks` (and `make course`) recorded it in "
+                    "BUILD/progress.json: each exercise's latest check, when you first "
+                    "solved it, and what the check said about the ones not solved yet.")
+    p.add_argument("--build", default="build", type=Path,
+                   help="the build folder that `ddp-lab notebooks` wrote")
+    p.set_defaults(handler=_cmd_progress)
+
+
+def _cmd_progress(args: argparse.Namespace) -> int:
+    import ddp_lab.exercises as ex
+    from ddp_lab.tools import progress
+
+    store = args.build / progress.STORE_NAME
+    kept = progress.load(args.build)
+    if not kept:
+        print(f"ddp-lab progress: no progress recorded in {store} yet; run `make course` or "
+              "`ddp-lab notebooks` first (and pass the same --build if you gave it one)",
+              file=sys.stderr)
+        return 1
+    print(progress.table(kept, ex.names()))
+    feedback = progress.feedback_lines(kept, ex.names())
+    if feedback:
+        print(f"\nWhat the latest checks said:\n{feedback}")
+    return 0
 
 
 # --- doctor ----------------------------------------------------------------------------
@@ -212,7 +256,8 @@ def _cmd_bench_ddp_network(args: argparse.Namespace) -> int:
     return bench_ddp_network.main(args)
 
 
-REGISTRARS: tuple[Registrar, ...] = (_add_doctor, _add_run, _add_notebooks, _add_bench)
+REGISTRARS: tuple[Registrar, ...] = (_add_doctor, _add_run, _add_notebooks, _add_progress,
+                                     _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

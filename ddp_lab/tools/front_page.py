@@ -2,10 +2,12 @@
 its title, what it teaches, a thumbnail of its key figure from this run, its exercises,
 its time and status, and links to its rendered page and notebooks.
 
-What a notebook says is read by tools/notebook_card.py; the HTML is tools/front_page_html.py.
-This module turns a run's reports into entries (writing the thumbnails), and merges them
-with the entries of earlier runs kept in ``build/index.json``, so that ``ddp-lab notebooks
---pattern "03_*"`` after a full run updates one entry instead of replacing the page.
+What a notebook says is read by tools/notebook_card.py, what the learner's checks said by
+tools/exercise_status.py; the HTML is tools/front_page_html.py. This module turns a run's
+reports into entries (writing the thumbnails), and merges them with the entries of earlier
+runs kept in ``build/index.json``, so that ``ddp-lab notebooks --pattern "03_*"`` after a
+full run updates one entry instead of replacing the page; the learner's checks go to
+their progress over runs (tools/progress.py), which the page shows too.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from urllib.parse import quote
 import nbformat
 
 from ddp_lab.tools import notebook_card as card
+from ddp_lab.tools import progress as course_progress
+from ddp_lab.tools.exercise_status import NOT_CHECKED, SOLVED, CheckResult, learner_check
 from ddp_lab.tools.front_page_html import render
 from ddp_lab.tools.notebook_report import NotebookReport
 
-STORE_FORMAT = 2  # index.json of another format (the table of before) starts afresh
+STORE_FORMAT = 3  # index.json of another format (an older ddp-lab's) starts afresh
+REFERENCE_PASSED = "reference passed (--solved)"  # solved mode: not the learner's work
 THUMBNAIL_BOX = (480, 320)  # pixels: the page shows 240 wide, sharp on a 2x screen
 
 
@@ -32,7 +37,8 @@ THUMBNAIL_BOX = (480, 320)  # pixels: the page shows 240 wide, sharp on a 2x scr
 class ExerciseLine:
     name: str
     summary: str
-    status: str  # "passed", "not solved yet", "failed", "not checked in this run"
+    status: str  # exercise_status's: "solved", "not solved yet", "failed", "not checked ..."
+    feedback: str = ""  # the first line of what the learner's check said
 
 
 @dataclass(frozen=True)
@@ -61,19 +67,35 @@ class Entry:
                       "links": tuple(tuple(link) for link in data["links"])})
 
 
-def write_index(reports: list[NotebookReport], build_dir: Path | str) -> Path:
+def write_index(reports: list[NotebookReport], build_dir: Path | str,
+                solved: bool = False) -> Path:
     """Write ``build_dir/index.html`` (the front page) for this run's ``reports``, keeping
-    the entries of notebooks this run did not execute as the last run left them."""
+    the entries of notebooks this run did not execute as the last run left them, and
+    record the learner's checks in their progress (not in ``solved`` mode, where the
+    exercise cells held the references)."""
     build_dir = Path(build_dir).resolve()
     registered = _registered_exercises()
-    new = {r.name: entry_of(r, build_dir, registered) for r in reports}
+    new = {r.name: entry_of(r, build_dir, registered, solved) for r in reports}
+    if solved:
+        progress = course_progress.load(build_dir)
+    else:
+        progress = course_progress.record(build_dir, _checks(reports, new))
     entries = _merged(build_dir / "index.json", new)
     index = build_dir / "index.html"
-    index.write_text(render(list(entries.values())), encoding="utf-8")
+    course = [name for names in registered.values() for name in names]
+    index.write_text(render(list(entries.values()), progress, course), encoding="utf-8")
     return index
 
 
-def entry_of(report: NotebookReport, build_dir: Path, registered: dict) -> Entry:
+def _checks(reports: list[NotebookReport], entries: dict[str, Entry]):
+    """This run's learner checks, as tools/progress.py records them."""
+    return [(line.name, report.name, CheckResult(line.status, line.feedback),
+             report.started_at or time.time())
+            for report in reports for line in entries[report.name].exercises]
+
+
+def entry_of(report: NotebookReport, build_dir: Path, registered: dict,
+             solved: bool = False) -> Entry:
     """The front page's entry for one report; writes (or removes) its thumbnail."""
     nb = _notebook_of(report)
     stem = report.path.stem
@@ -83,10 +105,10 @@ def entry_of(report: NotebookReport, build_dir: Path, registered: dict) -> Entry
     return Entry(
         name=report.name, title=title, summary=card.summary(nb) if nb is not None else "",
         ok=report.ok, seconds=report.seconds, error="" if report.ok else report.describe(),
-        ran_at=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        ran_at=course_progress.local_time(report.started_at) if report.started_at else "",
         thumbnail=_href(thumbnail, build_dir) if thumbnail else "", thumbnail_size=size,
         figure_alt=_alt_text(figure, title),
-        exercises=_exercises(nb, registered.get(stem, [])),
+        exercises=_exercises(nb, registered.get(stem, []), solved),
         links=_links(report, build_dir),
     )
 
@@ -133,14 +155,14 @@ def _registered_exercises() -> dict[str, list[str]]:
     return by_notebook
 
 
-def _exercises(nb, registered: list[str]) -> tuple[ExerciseLine, ...]:
-    import ddp_lab.exercises as ex
-
+def _exercises(nb, registered: list[str], solved: bool) -> tuple[ExerciseLine, ...]:
     names = card.exercise_names(nb, registered) if nb is not None else registered
-    return tuple(ExerciseLine(name, _describe(name),
-                              card.exercise_status(nb, name, ex.NOT_SOLVED) if nb is not None
-                              else "not checked in this run")
-                 for name in names)
+    lines = []
+    for name in names:
+        result = learner_check(nb, name) if nb is not None else CheckResult(NOT_CHECKED, "")
+        status = REFERENCE_PASSED if solved and result.status == SOLVED else result.status
+        lines.append(ExerciseLine(name, _describe(name), status, result.feedback))
+    return tuple(lines)
 
 
 def _describe(name: str) -> str:

@@ -1,8 +1,9 @@
 """The front page's HTML: one self-contained file (inline CSS, no script, no external asset)
 that reads the same opened from disk, served, or attached to a CI run.
 
-The entries come from tools/front_page.py; every text in them is escaped here, and the
-summary's inline code spans (`like this`) become <code>.
+The entries come from tools/front_page.py and the learner's progress over runs from
+tools/progress.py; every text in them is escaped here, and the summary's inline code
+spans (`like this`) become <code>.
 """
 
 from __future__ import annotations
@@ -32,30 +33,43 @@ li.ok .status{background:#e3f5e1;color:#1b6e1b} li.failed .status{background:#fd
 ul.exercises{margin:.3em 0;padding-left:1.2em;font-size:.92em}
 .ex-status{font-size:.85em;padding:0 .4em;border-radius:3px;background:#eee}
 .ex-status.passed{background:#e3f5e1} .ex-status.failed{background:#fde2e1}
-.ex-status.not-solved-yet{background:#fff3cd}
+.ex-status.not-solved-yet{background:#fff3cd} .ex-status.solved{background:#e3f5e1}
+.feedback{display:block;color:#555;font-size:.92em;margin-left:.5em;overflow-wrap:anywhere}
+.ex-earlier{font-size:.85em;color:#1b6e1b}
+.progress{font-weight:600}
 code{background:#f3f3f3;padding:0 .2em;border-radius:3px;font-size:.92em}
 """
 
 
-def render(entries) -> str:
-    """The whole page for ``entries`` (already in reading order)."""
+def render(entries, progress=None, course: list[str] | None = None) -> str:
+    """The whole page for ``entries`` (already in reading order), with the learner's
+    ``progress`` (tools/progress.py, by exercise name) over the ``course``'s exercises."""
+    progress = progress or {}
     passed = sum(e.ok for e in entries)
     seconds = sum(e.seconds for e in entries)
-    items = "\n".join(_entry(e) for e in entries)
+    items = "\n".join(_entry(e, progress) for e in entries)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <title>ddp-lab: the course</title><style>{CSS}</style></head>
 <body><header><h1>ddp-lab: the course</h1>
 <p class="totals">{passed}/{len(entries)} passed, {seconds:.0f} s of notebooks in all.
-Each entry shows what its notebook's last run drew and printed.</p></header>
+Each entry shows what its notebook's last run drew and printed.</p>
+{_progress_line(progress, course or [])}</header>
 <ol class="course">
 {items}
 </ol></body></html>
 """
 
 
-def _entry(e) -> str:
+def _progress_line(progress, course: list[str]) -> str:
+    solved = sum(progress[name].ever_solved for name in course if name in progress)
+    return (f'<p class="progress-totals"><span class="progress">Your exercises: {solved} of '
+            f'{len(course)} solved</span>, kept over runs in <code>progress.json</code> '
+            f'(<code>ddp-lab progress</code> prints it).</p>')
+
+
+def _entry(e, progress) -> str:
     status = "ok" if e.ok else "FAILED"
     page = dict(e.links).get("page", "")
     title = inline_markdown(e.title)
@@ -66,9 +80,13 @@ def _entry(e) -> str:
 <div class="body"><h2 class="title">{heading}</h2>
 <p class="summary">{inline_markdown(e.summary)}</p>
 <p class="meta"><span class="status">{status}</span> in <span class="seconds">{e.seconds:.1f} s</span>
- · <span class="file">{html.escape(e.name)}</span> · ran {html.escape(e.ran_at)}
+ · <span class="file">{html.escape(e.name)}</span>{_ran_at(e.ran_at)}
  · {_links(e.links)}</p>
-{error}{_exercises(e.exercises)}</div></li>"""
+{error}{_exercises(e.exercises, progress)}</div></li>"""
+
+
+def _ran_at(ran_at: str) -> str:
+    return f' · ran at <span class="ran-at">{html.escape(ran_at)}</span>' if ran_at else ""
 
 
 def _thumbnail(e, page: str) -> str:
@@ -86,15 +104,24 @@ def _links(links) -> str:
                     for label, href in links)
 
 
-def _exercises(exercises) -> str:
+def _exercises(exercises, progress) -> str:
     if not exercises:
         return '<p class="meta exercises-none">No exercises.</p>'
-    items = "\n".join(
-        f'<li class="exercise"><code>{html.escape(x.name)}</code> '
-        f'<span class="ex-status {_css_class(x.status)}">{html.escape(x.status)}</span>'
-        + (f" {html.escape(x.summary)}" if x.summary else "") + "</li>"
-        for x in exercises)
+    items = "\n".join(_exercise(x, progress.get(x.name)) for x in exercises)
     return f'<p class="meta">Exercises:</p>\n<ul class="exercises">\n{items}\n</ul>'
+
+
+def _exercise(x, kept) -> str:
+    """Its status in this run, when it was first solved (kept over runs), its summary, and
+    what the check said unless it is solved now."""
+    earlier = (f' <span class="ex-earlier">solved on {html.escape(kept.first_solved_at)}'
+               f'</span>' if kept is not None and kept.ever_solved else "")
+    summary = f" {html.escape(x.summary)}" if x.summary else ""
+    feedback = (f'<span class="feedback">{html.escape(x.feedback)}</span>'
+                if x.feedback and x.status != "solved" else "")
+    return (f'<li class="exercise"><code>{html.escape(x.name)}</code> '
+            f'<span class="ex-status {_css_class(x.status)}">{html.escape(x.status)}</span>'
+            f'{earlier}{summary}{feedback}</li>')
 
 
 def _css_class(text: str) -> str:

@@ -3,8 +3,10 @@ its title, one line on what it teaches, its key figure and its exercises.
 
 Why read it from the notebook and not keep a table of titles and summaries: the notebooks
 change every day, and a second copy of what they say would drift. The first heading is the
-title, the first sentence of prose is the summary line, and the figure is the one the run
-just drew. Pure functions on a notebook node: no kernel, no files written.
+title, the intro's own list of topics (or its first sentence that is not a bridge from the
+notebook before) is the summary line, and the figure is the one the run just drew. What
+each exercise's check said is tools/exercise_status.py. Pure functions on a notebook node:
+no kernel, no files written.
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ from ddp_lab.tools.solved import exercise_cells
 KEY_FIGURE_TAG = "key-figure"
 SUMMARY_CHARS = 240
 SHORT_SENTENCE = 80  # characters: shorter, and the next sentence joins it
+TOPIC_CHARS = 70  # a list item longer than this is cut at its first comma
 
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
 NOT_PROSE = re.compile(r"^\s*([-*+]\s|>|\||\d+[.)]\s|```|~~~|<|!\[|\$\$)")
+NUMBERED = re.compile(r"^\s{0,3}\d+[.)]\s+")
+# A sentence that opens with another notebook, or "so far", bridges from before.
+BRIDGE = re.compile(r"^(In |As |After |Like )?(the )?(notebooks?|everything|every notebook) "
+                    r"(\S*\d\S*|so far)|^.{0,40}\bso far\b", re.I)
+THIS_NOTEBOOK = re.compile(r"^(In )?this notebook\b(?!:)", re.I)
 LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 # A sentence ends at . ! ? before a space (or the end), unless the dot ends an abbreviation.
 SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)(?<!\bal)(?<!\bcf)[.!?](?=\s|$)")
@@ -57,38 +65,130 @@ def title(nb, fallback: str) -> str:
 
 
 def summary(nb) -> str:
-    """The first sentence of the first prose paragraph, as inline markdown (code spans
-    kept), with the next one too while the line stays short (a first sentence such as
-    "Notebook 10 sharded the model state." says little); "" when there is no prose."""
-    paragraph = _first_prose_paragraph(nb)
-    ends = [m.end() for m in SENTENCE_END.finditer(paragraph)]
-    cut = ends[0] if ends else len(paragraph)
-    for end in ends[1:]:  # whole sentences only, not the "...:" that opens a list
-        if cut >= SHORT_SENTENCE or end > SUMMARY_CHARS:
+    """One line on what the notebook teaches, as inline markdown (code spans kept).
+
+    In order: a summary written for the card (``metadata.ddp_lab.summary``); the intro's
+    own numbered list ("In this notebook: 1. ... 2. ..."), each item to its first clause;
+    else the intro's first sentence that is not a bridge from another notebook ("Notebook
+    03 went through every collective." says what came before, not what comes now)."""
+    written = nb.get("metadata", {}).get("ddp_lab", {}).get("summary", "")
+    return _plain(written) if written else (_topics_line(nb) or _lead_sentence(nb))
+
+
+def _lead_sentence(nb) -> str:
+    """The intro's sentence that says what this notebook does ("This notebook measures
+    ..."), else its first sentence that is no bridge, with the next one too while the
+    line stays short; a closing ":" (that opened a list or a code block) becomes "."."""
+    paragraphs = [_sentences(p) for p in _prose_paragraphs(_intro_lines(nb))]
+    for wanted in (lambda s: THIS_NOTEBOOK.match(s), lambda s: not BRIDGE.match(s)):
+        for sentences in paragraphs:
+            kept = [i for i, s in enumerate(sentences) if wanted(s)]
+            if kept:
+                line = _short_line(sentences[kept[0]:])
+                return line[:-1] + "." if line.endswith(":") else line
+    return ""
+
+
+def _short_line(sentences: list[str]) -> str:
+    line = sentences[0]
+    for sentence in sentences[1:]:  # whole sentences only, not the "...:" opening a list
+        if len(line) >= SHORT_SENTENCE or len(line) + 1 + len(sentence) > SUMMARY_CHARS \
+                or not SENTENCE_END.search(sentence[-1:]):
             break
-        cut = end
-    line = paragraph[:cut].strip()
+        line = f"{line} {sentence}"
     if len(line) > SUMMARY_CHARS:
         line = line[:SUMMARY_CHARS].rsplit(" ", 1)[0] + " …"
     return line
 
 
-def _first_prose_paragraph(nb) -> str:
-    lines: list[str] = []
+def _sentences(paragraph: str) -> list[str]:
+    starts = [0, *(m.end() for m in SENTENCE_END.finditer(paragraph))]
+    pieces = [paragraph[a:b].strip() for a, b in zip(starts, [*starts[1:], len(paragraph)])]
+    return [p for p in pieces if p]
+
+
+def _intro_lines(nb):
+    """The markdown before the notebook's first section heading (## and deeper)."""
     for line in _markdown_lines(nb):
-        prose = line.strip() and not HEADING.match(line) and not NOT_PROSE.match(line)
-        if prose:
-            lines.append(line.strip())
-        elif lines:
+        heading = HEADING.match(line)
+        if heading and len(heading.group(1)) > 1:
+            return
+        yield line
+
+
+def _prose_paragraphs(lines):
+    paragraph: list[str] = []
+    for line in lines:
+        if line.strip() and not HEADING.match(line) and not NOT_PROSE.match(line):
+            paragraph.append(line.strip())
+        elif paragraph:
+            yield _plain(" ".join(paragraph))
+            paragraph = []
+    if paragraph:
+        yield _plain(" ".join(paragraph))
+
+
+def _topics_line(nb) -> str:
+    """The intro's first numbered list (two items or more) as one line of topics."""
+    items = _numbered_items(_intro_lines(nb))
+    if len(items) < 2:
+        return ""
+    line = ""
+    for topic in (_first_clause(item) for item in items):
+        joined = f"{line} · {topic}" if line else topic
+        if len(joined) > SUMMARY_CHARS:
+            line = f"{line} · …"
             break
-    return _plain(" ".join(lines))
+        line = joined
+    return line[:1].upper() + line[1:]
+
+
+def _numbered_items(lines) -> list[str]:
+    items: list[str] = []
+    for line in lines:
+        start = NUMBERED.match(line)
+        if start:
+            items.append(line[start.end():].strip())
+        elif items and line.startswith((" ", "\t")) and line.strip():
+            items[-1] += " " + line.strip()
+        elif items:
+            break  # the list ended
+    return [_plain(item) for item in items]
+
+
+def _first_clause(item: str) -> str:
+    """An item up to the end of its first sentence or its first ":", ";" or " (" outside
+    code spans, then up to a comma if still long; without the closing punctuation but a
+    question's mark."""
+    cut = _cut_at(item, (": ", "; ", " (", " — ", ". ", "? "))
+    if len(cut) > TOPIC_CHARS:
+        shorter = _cut_at(cut, (", ",))
+        cut = shorter if len(shorter) >= 4 else cut
+    return cut.rstrip(" ;.,:")
+
+
+def _cut_at(text: str, marks: tuple[str, ...]) -> str:
+    spots = [i + (mark == "? ") for mark in marks for i in _find_all(text, mark)
+             if text[:i].count("`") % 2 == 0]
+    return text[:min(spots)] if spots else text
+
+
+def _find_all(text: str, mark: str):
+    start = text.find(mark)
+    while start != -1:
+        yield start
+        start = text.find(mark, start + 1)
 
 
 def _plain(markdown: str) -> str:
-    """Inline markdown without links' targets and emphasis marks; code spans stay."""
-    text = LINK.sub(r"\1", markdown)
+    """Inline markdown without links' targets and emphasis marks; code spans stay as
+    they are (``if __name__ == "__main__":`` keeps its underscores)."""
+    spans = re.findall(r"`[^`]*`", markdown)
+    text = re.sub(r"`[^`]*`", "\0", markdown)  # emphasis is read around the spans only
+    text = LINK.sub(r"\1", text)
     text = re.sub(r"(\*\*|__)(\S.*?)\1", r"\2", text)
     text = re.sub(r"(?<![\w*])\*(\S[^*]*?)\*(?![\w*])", r"\1", text)
+    text = re.sub("\0", lambda _: spans.pop(0), text)
     return re.sub(r"\s+", " ", text).strip()
 
 
@@ -126,29 +226,3 @@ def exercise_names(nb, registered: list[str]) -> list[str]:
     names (``"exercise": "02.shift"``, the key tools/solved.py reads)."""
     named = [name for _, name in exercise_cells(nb) if name]
     return list(dict.fromkeys([*registered, *named]))
-
-
-def exercise_status(nb, name: str, not_solved: str) -> str:
-    """What this run's outputs say of exercise ``name``: ex.check prints "NAME: passed."
-    or "NAME: not solved yet. <hint>", or raises ExerciseFailed in the cell that names it;
-    none of these means its check did not run."""
-    printed = "\n".join(_stream_text(out) for cell in nb.cells
-                        for out in cell.get("outputs", []))
-    if f"{name}: passed" in printed:
-        return "passed"
-    if f"{name}: {not_solved}" in printed:
-        return not_solved
-    if any(_failed_check(cell, name) for cell in nb.cells):
-        return "failed"
-    return "not checked in this run"
-
-
-def _failed_check(cell, name: str) -> bool:
-    names_it = f'"{name}"' in _source(cell) or f"'{name}'" in _source(cell)
-    return names_it and any(out.get("ename") == "ExerciseFailed"
-                            for out in cell.get("outputs", []))
-
-
-def _stream_text(output) -> str:
-    text = output.get("text", "") if output.get("output_type") == "stream" else ""
-    return "".join(text) if isinstance(text, list) else text

@@ -19,7 +19,8 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 @dataclass(frozen=True)
 class NotebookReport:
     """What happened to one notebook; ``failed_cell`` counts code cells from 1,
-    ``failed_line`` is (line number in that cell, its text) when the traceback names it."""
+    ``failed_line`` is (line number in that cell, its text) when the traceback names it,
+    ``started_at`` is when the run of this notebook began (``time.time()``; 0 unknown)."""
 
     path: Path
     seconds: float
@@ -31,6 +32,7 @@ class NotebookReport:
     error_message: str = ""
     executed_path: Path | None = None
     html_path: Path | None = None
+    started_at: float = 0.0
 
     @property
     def name(self) -> str:

@@ -27,10 +27,12 @@ from nbconvert import HTMLExporter
 from traitlets import default
 
 from ddp_lab.tools.front_page import write_index
-from ddp_lab.tools.notebook_report import NotebookReport, report_of
+from ddp_lab.tools.notebook_report import NotebookReport, code_cell_number, report_of
+from ddp_lab.tools.progress_live import LiveProgress
 from ddp_lab.tools.solved import solved_copy, unsolved_checks
 
 Progress = Callable[[str], object]
+CellStarted = Callable[[int, int], object]  # (code cell number from 1, code cells in all)
 
 
 class OwnKernel:
@@ -116,9 +118,18 @@ def kernel_env() -> dict[str, str]:
     return env
 
 
-def _execute(nb, cwd: Path, timeout: float) -> tuple[int | None, Exception | None]:
-    """Run ``nb`` in place; return (index of the last cell started, the error or None)."""
+def _execute(nb, cwd: Path, timeout: float, on_cell: CellStarted | None = None,
+             ) -> tuple[int | None, Exception | None]:
+    """Run ``nb`` in place; return (index of the last cell started, the error or None).
+    ``on_cell(k, n)`` hears that code cell k of n starts."""
     current: list[int] = []
+    code_cells = sum(cell.cell_type == "code" for cell in nb.cells)
+
+    def started(cell, cell_index: int) -> None:
+        current.append(cell_index)
+        if on_cell is not None:
+            on_cell(code_cell_number(nb, cell_index), code_cells)
+
     manager = CurrentInterpreterKernel(kernel_name="python3")
     client = NotebookClient(
         nb,
@@ -127,7 +138,7 @@ def _execute(nb, cwd: Path, timeout: float) -> tuple[int | None, Exception | Non
         resources={"metadata": {"path": str(cwd)}},
         # ipykernel >= 7 warns on every start that local sockets are unencrypted; errors show.
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
-        on_cell_execute=lambda cell, cell_index: current.append(cell_index),
+        on_cell_execute=started,
     )
     try:
         client.execute(env=kernel_env(), cleanup_kc=True)  # it stops our kernel as its own
@@ -163,7 +174,7 @@ def _write_outputs(nb, report: NotebookReport, build_dir: Path) -> NotebookRepor
 
 def execute_notebook(
     path: Path | str, out_dir: Path | str, timeout_per_cell: float = 300.0,
-    solved: bool = False,
+    solved: bool = False, on_cell: CellStarted | None = None,
 ) -> NotebookReport:
     """Execute one notebook in a fresh kernel, cells running in the notebook's folder.
 
@@ -171,16 +182,18 @@ def execute_notebook(
     raises for a failing notebook: the report says which code cell failed and why.
     ``solved=True`` first replaces every exercise cell with the reference solution
     (tools/solved.py), and fails the notebook if a check still says "not solved yet".
+    ``on_cell(k, n)`` is told when code cell k of n starts (live progress).
     """
     path = Path(path).resolve()
     nb = nbformat.read(path, as_version=4)
     if solved:
         nb = nbformat.from_dict(solved_copy(nb))
-    start = time.perf_counter()
-    cell_index, exc = _execute(nb, path.parent, timeout_per_cell)
+    started_at, start = time.time(), time.perf_counter()
+    cell_index, exc = _execute(nb, path.parent, timeout_per_cell, on_cell)
     if solved and exc is None:
         cell_index, exc = _first_unsolved(nb)
     report = report_of(path, nb, time.perf_counter() - start, cell_index, exc)
+    report = replace(report, started_at=started_at)
     return _write_outputs(nb, report, Path(out_dir).resolve())
 
 
@@ -205,13 +218,29 @@ def run_all(
     solved: bool = False,
 ) -> list[NotebookReport]:
     """Execute every matching notebook in order, then write ``build_dir/index.html``, the
-    front page (a partial run updates its notebooks' entries and keeps the others)."""
+    front page (a partial run updates its notebooks' entries and keeps the others), and
+    the learner's progress (tools/progress.py).
+
+    ``progress`` hears one line as each notebook starts and one as it ends; given a
+    tools/progress_live.LiveProgress, its status line shows the notebook's running cell
+    and time instead of the first line."""
     notebooks = find_notebooks(notebook_dir, pattern)
+    live = progress if isinstance(progress, LiveProgress) else None
     reports = []
     for i, path in enumerate(notebooks, 1):
-        progress(f"[{i}/{len(notebooks)}] {path.name} ...")
-        report = execute_notebook(path, build_dir, timeout_per_cell, solved)
+        label = f"[{i}/{len(notebooks)}] {path.name}"
+        if live is None:
+            progress(f"{label} ...")
+        else:
+            live.notebook(label)
+        try:
+            report = execute_notebook(path, build_dir, timeout_per_cell, solved,
+                                      on_cell=None if live is None else live.cell)
+        finally:
+            if live is not None:
+                live.done()
         progress(f"[{i}/{len(notebooks)}] {report.describe()}")
         reports.append(report)
-    write_index(reports, build_dir)
+    write_index(reports, build_dir, solved=solved)
     return reports
+

@@ -20,6 +20,8 @@ from matplotlib.figure import Figure
 
 import browser_helpers as lab_ui
 from ddp_lab.tools import notebook_card as card
+from ddp_lab.tools.exercise_status import (FAILED, NOT_CHECKED, NOT_SOLVED, SOLVED,
+                                           CheckResult, learner_check, learner_check_cell)
 from ddp_lab.tools.front_page import THUMBNAIL_BOX, write_index
 from ddp_lab.tools.front_page_html import inline_markdown
 from ddp_lab.tools.notebook_report import NotebookReport
@@ -106,17 +108,88 @@ def test_key_figure_is_the_last_one_unless_a_cell_is_tagged():
     assert card.key_figure(nbformat.v4.new_notebook(cells=[INTRO])) is None
 
 
-def test_exercise_status_is_read_from_what_the_checks_printed():
-    failed = _with_outputs(code('ex.check("02.shift", my_shift)'), nbformat.v4.new_output(
-        "error", ename="ExerciseFailed", evalue="rank 1 got", traceback=[]))
+def test_the_summary_is_the_intros_own_list_of_topics_one_clause_each():
+    intro = md("# 01 · Processes\n\nIn notebook 00, ranks were ready. This notebook opens "
+               "that box:\n\n1. what a **process group** is: rank, world size;\n"
+               "2. how ranks find each other (three init methods), each really run\n"
+               "   on several ranks;\n3. `barrier()`, seen on a timeline drawn from every "
+               "rank's own clock and more words;\n4. where does the time go? A trace.\n\n"
+               "## 1. A section\n\n1. a later list is not the intro's")
+    nb = nbformat.v4.new_notebook(cells=[intro])
+    assert card.summary(nb) == ("What a process group is · how ranks find each other · "
+                                "`barrier()` · where does the time go?")
+
+
+def test_the_summary_skips_a_bridge_and_prefers_what_this_notebook_does():
+    bridge = nbformat.v4.new_notebook(cells=[md(
+        "# 03b · Practice\n\nNotebook 03 went through every collective, before and after. "
+        "Collectives are used well here, each point measured on real ranks.")])
+    assert card.summary(bridge) == ("Collectives are used well here, each point measured "
+                                    "on real ranks.")
+    this = nbformat.v4.new_notebook(cells=[md(
+        "# 10 · Sharding\n\nDDP (notebooks 05-07) copies everything.\n\n| a | b |\n\n"
+        "This notebook measures where the memory goes, then builds ZeRO:")])
+    assert card.summary(this) == "This notebook measures where the memory goes, then builds ZeRO."
+    so_far = nbformat.v4.new_notebook(cells=[md(
+        "Every notebook so far used `ddp_lab`. Here `torchrun` starts the ranks.")])
+    assert card.summary(so_far) == "Here `torchrun` starts the ranks."
+
+
+def test_a_summary_written_for_the_card_wins_and_code_spans_keep_their_underscores():
+    nb = nbformat.v4.new_notebook(cells=[INTRO], metadata={
+        "ddp_lab": {"summary": "How **ranks** guard `if __name__ == \"__main__\":`."}})
+    assert card.summary(nb) == 'How ranks guard `if __name__ == "__main__":`.'
+
+
+def _stub(name="00.max_over_ranks", fn="max_over_ranks"):
+    return code(f"def {fn}(value):\n    raise NotImplementedError",
+                metadata={"tags": ["exercise"], "exercise": name})
+
+
+def _error(ename: str, evalue: str):
+    return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[])
+
+
+def test_the_status_is_the_learners_own_check_never_a_reference_check_after_it():
+    """07b as shipped: the learner's check said "not solved yet", then a cell checked the
+    reference ``scratch.DDP``, which passed; 01 checks a wrong function on purpose."""
     nb = nbformat.v4.new_notebook(cells=[
-        _with_outputs(code("check a"), _printed("02.all_gather: passed. 4 world sizes\n")),
-        _with_outputs(code("check b"), _printed("00.max_over_ranks: not solved yet. Hint\n")),
-        failed])
-    status = {name: card.exercise_status(nb, name, "not solved yet")
-              for name in ("02.all_gather", "00.max_over_ranks", "02.shift", "13.dispatch")}
-    assert status == {"02.all_gather": "passed", "00.max_over_ranks": "not solved yet",
-                      "02.shift": "failed", "13.dispatch": "not checked in this run"}
+        _with_outputs(code('ex.check("07b.your_own_ddp", scratch.DDP)'),
+                      _printed("07b.your_own_ddp: passed. before the stub\n")),
+        _stub("07b.your_own_ddp", "MyDDP"),
+        _with_outputs(code('ex.check("07b.your_own_ddp", MyDDP);'),
+                      _printed("07b.your_own_ddp: not solved yet. Start with the broadcast.\n"
+                               "more hint\n")),
+        _with_outputs(code('report = ex.check("07b.your_own_ddp", scratch.DDP)'),
+                      _printed("07b.your_own_ddp: passed. 3 world sizes\n")),
+        _with_outputs(code('ex.check("07b.your_own_ddp", leaky)'),
+                      _error("ExerciseFailed", "leaky is wrong"))])
+    assert learner_check(nb, "07b.your_own_ddp") == CheckResult(
+        NOT_SOLVED, "Start with the broadcast.")
+    assert learner_check_cell(nb, "07b.your_own_ddp") == 2
+
+
+def test_solved_failed_and_not_checked_with_the_first_line_of_the_feedback():
+    def status(*outputs, check='ex.check("00.max_over_ranks", max_over_ranks)'):
+        nb = nbformat.v4.new_notebook(cells=[_stub(), _with_outputs(code(check), *outputs)])
+        return learner_check(nb, "00.max_over_ranks")
+
+    assert status(_printed("00.max_over_ranks: passed. on 1-4 ranks\n")) == CheckResult(
+        SOLVED, "on 1-4 ranks")
+    assert status(_error("ExerciseFailed", "rank 1 returned 3, expected 4\n\ntensors")) == \
+        CheckResult(FAILED, "rank 1 returned 3, expected 4")
+    assert status(_error("WorkerError", "rank 2 failed\nTraceback")) == CheckResult(
+        FAILED, "WorkerError: rank 2 failed")
+    assert status() == CheckResult(NOT_CHECKED, "")  # the run stopped before the check
+    # Solved mode binds the reference to the stub's name; the check passes that name.
+    solved_cell = code("def reference(value):\n    ...\nmax_over_ranks = reference",
+                       metadata={"tags": ["exercise"], "exercise": "00.max_over_ranks"})
+    nb = nbformat.v4.new_notebook(cells=[solved_cell, code('ex.check("00.max_over_ranks", '
+                                                           'reference)'),
+                                         code('ex.check("00.max_over_ranks", max_over_ranks)')])
+    assert learner_check_cell(nb, "00.max_over_ranks") == 1  # both names are the stub's
+    no_check = nbformat.v4.new_notebook(cells=[_stub()])
+    assert learner_check(no_check, "00.max_over_ranks").status == NOT_CHECKED
 
 
 def test_inline_markdown_escapes_and_keeps_code_spans():
@@ -275,6 +348,10 @@ def test_front_page_of_a_tiny_course_in_chromium(tmp_path: Path, chromium):
     exercise = page.locator("li.notebook.ok li.exercise")
     assert exercise.locator("code").inner_text() == "00.max_over_ranks"
     assert exercise.locator(".ex-status").inner_text() == "not solved yet"
+    assert exercise.locator(".feedback").inner_text().strip()  # the check's hint, first line
+    assert re.fullmatch(r"Your exercises: 0 of \d+ solved",
+                        page.locator(".progress").inner_text())
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", t) for t in _texts(page, ".ran-at"))
     assert "No exercises." in failed.inner_text()
 
     urls = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.href)"

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -103,6 +104,19 @@ def test_the_kernels_sockets_are_in_a_private_folder_removed_after_the_run(
     assert len(sockets) == len(seen["names"]) - 1 >= 5
     assert all(len(os.path.join(seen["folder"], name)) < 107 for name in sockets)
     assert not os.path.exists(seen["folder"])
+
+
+@pytest.mark.timeout(120)
+def test_each_code_cell_is_announced_as_it_starts_and_the_report_knows_when_it_ran(
+        course: Path, tmp_path: Path):
+    """What the live progress line reads: code cell k of n (markdown cells do not count),
+    in order, up to the failing one; and the start's time of day for the front page."""
+    heard: list[tuple[int, int]] = []
+    before = time.time()
+    report = execute_notebook(course / "b_fail.ipynb", tmp_path / "build", 60,
+                              on_cell=lambda k, n: heard.append((k, n)))
+    assert heard == [(1, 3), (2, 3)]  # cell 3 never ran: cell 2 failed
+    assert before <= report.started_at <= before + report.seconds + 60
 
 
 @pytest.mark.timeout(120)
