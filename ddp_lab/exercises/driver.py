@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 
 import torch
 
 from ddp_lab.exercises.builtins_off import BuiltinSwitchedOff
 from ddp_lab.exercises.bytes_sent import naming_mismatches
+from ddp_lab.exercises.feedback import keep
+from ddp_lab.exercises.feedback_traceback import cut, hidden_note, learners_frames
+from ddp_lab.exercises.feedback_values import layout, short, tensor_difference
 from ddp_lab.exercises.registry import ExerciseFailed
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -85,10 +89,10 @@ def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = 
         return ddp_lab.run(worker, world_size=world_size, args=args, backend="gloo",
                            timeout=timeout, echo=False).values
     except ddp_lab.WorkerTimeout as err:
-        failure = ExerciseFailed(
-            f"{where}: your function hung (ranks {err.stuck_ranks} still waiting after "
-            f"{timeout:g} s). {hang_hint}\n\nWhere each stuck rank waited:\n"
-            f"{_stacks(err)}")
+        said = (f"{where}: your function hung (ranks {err.stuck_ranks} still waiting after "
+                f"{timeout:g} s). {hang_hint}").rstrip()
+        keep(said, traceback=_all_stacks(err))
+        failure = ExerciseFailed(f"{said}\n\n{_stacks(err)}")
         raise _explained(failure, err, where, explain) from None
     except ddp_lab.WorkerError as err:
         raise _explained(_failure(err, where, hang_hint), err, where, explain) from None
@@ -140,22 +144,16 @@ def _placed(at: str, problem: str) -> str:
 
 
 def _explained(failure: Exception, err, where: str, explain) -> Exception:
-    """With ``explain``: its words first, and a process that C++ aborted shown as such, with
-    what the C++ exception said (only the rank's output has it; its "traceback" is the
-    faulthandler's stack, from which :func:`raised` cannot take an exception)."""
+    """With ``explain``: its words first, then the failure."""
     if not explain or not isinstance(failure, ExerciseFailed):
         return failure
     said = explain(err)
-    body = str(failure)
-    if (getattr(err, "traceback", "") or "").startswith("Fatal Python error"):
-        body = (f"{where}: rank {err.rank}'s process was aborted by C++ code under torch"
-                f"{_abort_reason(err)}\n\n{err.traceback.rstrip()}")
-    return ExerciseFailed(f"{where}: {said}\n\n{body}" if said else body)
+    return ExerciseFailed(f"{where}: {said}\n\n{failure}" if said else str(failure))
 
 
 def _abort_reason(err) -> str:
-    """What ``std::terminate`` printed before the abort: "what(): ...", torch's or gloo's
-    message."""
+    """What ``std::terminate`` printed before the abort, on the sentence: the C++ exception's
+    type and its "what()" message (torch's or gloo's)."""
     logs = list(getattr(err, "logs", None) or [])
     log = logs[err.rank] if 0 <= err.rank < len(logs) else ""
     lines = log.splitlines()
@@ -165,7 +163,12 @@ def _abort_reason(err) -> str:
         return "."
     end = next((i for i in range(start, len(lines)) if lines[i].startswith("Fatal Python")),
                len(lines))
-    return ", which said:\n" + "\n".join(lines[start:end]).strip()
+    said = "\n".join(lines[start:end]).strip()
+    thrown = re.match(r"terminate called after throwing an instance of '([^']+)'\s*"
+                      r"what\(\):\s*(.*)", said, re.S)
+    if thrown is None:
+        return f", which said:\n{said}"
+    return f" ({thrown[1]}), which said: {thrown[2].strip()}"
 
 
 def last_line(traceback: str) -> str:
@@ -185,52 +188,78 @@ def raised(traceback: str) -> str:
 
 
 def _failure(err, where: str, hang_hint: str) -> Exception:
-    if not (err.traceback or "").strip():  # it left early, or crashed without Python's help
+    traceback = err.traceback or ""
+    if not traceback.strip():  # it left early, or crashed without Python's help
         first = str(err).strip().splitlines()[0]
         return ExerciseFailed(f"{where}: {first} {hang_hint}".rstrip())
-    error = raised(err.traceback)
+    if traceback.lstrip().startswith("Fatal Python error"):
+        # A process that C++ aborted: only the rank's output has what the C++ exception
+        # said; its "traceback" is faulthandler's stack, from which raised() takes nothing.
+        return _with_frames(f"{where}: rank {err.rank}'s process was aborted by C++ code "
+                            f"under torch{_abort_reason(err)}", traceback)
+    error = raised(traceback)
     if error.startswith("NotImplementedError"):
         return NotImplementedError(error)
     refused = BuiltinSwitchedOff.__name__
     if error.startswith(refused) or f".{refused}:" in error:
         return ExerciseFailed(f"{where}, rank {err.rank}: {error.split(': ', 1)[-1]}")
-    return ExerciseFailed(f"{where}, rank {err.rank} raised {error}\n\n{err.traceback.rstrip()}")
+    return _with_frames(f"{where}, rank {err.rank} raised {error}", traceback)
+
+
+def _with_frames(said: str, traceback: str) -> ExerciseFailed:
+    """``said``, then the traceback cut to the learner's frames (the whole one is kept)."""
+    keep(said, traceback=traceback)
+    return ExerciseFailed(f"{said}\n\n{cut(traceback)}")
 
 
 def _stacks(err) -> str:
+    """Where each stuck rank waited, in the learner's frames; ranks that wait at the same
+    line are listed once."""
+    stacks = getattr(err, "stacks", {}) or {}
+    waits: dict[tuple[str, ...], list[int]] = {}
+    hidden = 0
+    for rank, stack in sorted(stacks.items()):
+        frames = learners_frames(stack)
+        waits.setdefault(frames.lines, []).append(rank)
+        hidden += frames.hidden
+    if not waits:
+        return "(no stacks)"
+    blocks = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}:\n"
+              + "\n".join(lines) for lines, ranks in waits.items()]
+    note = f" ({hidden_note(hidden)})" if hidden else ""
+    return f"Where each stuck rank waited{note}:\n" + "\n".join(blocks)
+
+
+def _all_stacks(err) -> str:
     stacks = getattr(err, "stacks", {}) or {}
     return "\n".join(f"rank {rank}:\n{stack.rstrip()}" for rank, stack in
-                     sorted(stacks.items())) or "(no stacks)"
+                     sorted(stacks.items()))
 
 
-def tensor_problem(got, want: torch.Tensor, exact: bool = True) -> str | None:
-    """None if ``got`` is ``want`` (dtype, shape, values), else what differs, in words."""
-    if not isinstance(got, torch.Tensor):
-        return f"expected a tensor like {want}, got {describe(got)}"
-    if got.dtype != want.dtype or got.shape != want.shape:
-        return (f"expected dtype {want.dtype} and shape {tuple(want.shape)}, got "
-                f"{describe(got)}")
-    same = torch.equal(got, want) if exact else torch.allclose(got, want, rtol=1e-5,
-                                                                 atol=1e-6)
-    return None if same else f"expected {want}, got {got}"
+def tensor_problem(got, want: torch.Tensor, exact: bool = True, mine=None) -> str | None:
+    """None if ``got`` is ``want`` (dtype, shape, values), else what differs, in one line:
+    the layout, the first differing element (index, both values), how many differ, and
+    "you returned your own tensor" when ``got`` equals ``mine`` (the rank's input). The
+    full tensors go to ``ex.last_failure()``."""
+    problem = tensor_difference(got, want, exact, mine)
+    if mine is None:
+        return keep(problem, expected=want, got=got)
+    return keep(problem, expected=want, got=got, input=mine)
 
 
 def number_problem(got, want: float, what: str = "a number", rel: float = 1e-6) -> str | None:
     """None if ``got`` is a Python number close to ``want``; else what is wrong, in words: a
     tensor where a number is expected is said plainly, with the fix."""
     if isinstance(got, torch.Tensor):
-        return (f"expected {what} (a Python float), got a tensor {describe(got)}: return "
+        return (f"expected {what} (a Python float), got a tensor of {layout(got)}: return "
                 f"tensor.item() for a one-element tensor")
     if isinstance(got, bool) or not isinstance(got, (int, float)):
         return f"expected {what} (a Python float), got {type(got).__name__} {got!r}"
     if abs(got - want) > rel * max(1.0, abs(want)):
-        return f"expected {what} {want!r}, got {got!r}"
+        return keep(f"expected {what} {want!r}, got {got!r}", expected=want, got=got)
     return None
 
 
 def describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value} (dtype {value.dtype}, shape {tuple(value.shape)})"
-    if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)}: {value}"
-    return repr(value)
+    """A value in a few words, for a message (a large tensor by its dtype and shape)."""
+    return short(value)

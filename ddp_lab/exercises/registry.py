@@ -20,6 +20,12 @@ class ExerciseFailed(AssertionError):
     expected against got, and what to look at. An AssertionError, so a check cell that fails
     reads like any failed assert."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the feedback alone: the frames of the check cell and of
+        ``ex.check`` say nothing the message does not (``ex.last_failure()`` keeps the
+        rest)."""
+        return f"{type(self).__name__}: {self}".splitlines()
+
 
 @dataclass(frozen=True)
 class Exercise:

@@ -78,17 +78,17 @@ def _all_gather_trial(fn, seed: int, journal: str):
 def check_all_gather(fn) -> str:
     seed = new_seed()
     _journaled_worlds(_all_gather_trial, (fn, seed), seed, judge=lambda value, rank, n: (
-        _list_problem(value[0], value[2]) or _gather_cost(value[1], value[2][0], n)))
+        _list_problem(value[0], value[2], rank) or _gather_cost(value[1], value[2][0], n)))
     return (f"the same lists as dist.all_gather, each rank sending N - 1 tensors' worth, on "
             f"1-4 ranks, int64 and float32 (seed {seed})")
 
 
-def _list_problem(got, expected: list) -> str | None:
+def _list_problem(got, expected: list, rank: int) -> str | None:
     if not isinstance(got, (list, tuple)) or len(got) != len(expected):
         return (f"expected a list of {len(expected)} tensors, item j being rank j's tensor; "
                 f"got {describe(got)}")
-    for j, (mine, theirs) in enumerate(zip(got, expected)):
-        problem = tensor_problem(mine, theirs)
+    for j, (item, theirs) in enumerate(zip(got, expected)):
+        problem = tensor_problem(item, theirs, mine=expected[rank] if j != rank else None)
         if problem:
             return f"item [{j}] should be rank {j}'s tensor: {problem}"
     return None
@@ -152,7 +152,8 @@ def _shifts_problem(values: list, ks: list, n: int) -> str | None:
 
 def _shift_problem(got, sent: int, everybody: list, rank: int, k: int, n: int) -> str | None:
     source = (rank - k) % n
-    problem = tensor_problem(got, everybody[source])
+    problem = tensor_problem(got, everybody[source],
+                             mine=everybody[rank] if source != rank else None)
     if problem:
         return (f"rank {rank} should return rank {source}'s tensor (rank - k, modulo {n}): "
                 f"{problem}")

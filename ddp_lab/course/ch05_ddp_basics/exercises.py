@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.driver import describe, each_world, generator, new_seed, tensor_problem
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -111,14 +111,14 @@ def _judge(got: list, want: list, untouched: bool, where: str) -> None:
     for i, (mine, theirs) in enumerate(zip(got, want)):
         if theirs is None or mine is None:
             if mine is not theirs:
-                raise ExerciseFailed(f"{where}, parameter [{i}]: DDP's gradient is {theirs}, "
-                                     f"yours {mine}. A frozen or unused parameter has no "
-                                     "gradient.")
-        elif not torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6):
+                raise ExerciseFailed(f"{where}, parameter [{i}]: DDP's gradient is "
+                                     f"{describe(theirs)}, yours {describe(mine)}. A frozen "
+                                     "or unused parameter has no gradient.")
+        elif problem := tensor_problem(mine, theirs, exact=False):
             ratio = (mine.norm() / theirs.norm()).item() if theirs.norm() > 0 else float("nan")
             raise ExerciseFailed(
-                f"{where}, parameter [{i}]: DDP's gradient is {theirs}, yours {mine} (norm "
-                f"ratio {ratio:.3g}). DDP leaves the MEAN of the ranks' gradients: sum with "
+                f"{where}, parameter [{i}]: your gradient differs from DDP's: {problem}; norm "
+                f"ratio {ratio:.3g}. DDP leaves the MEAN of the ranks' gradients: sum with "
                 "all_reduce, divide by world_size, for every parameter that has a gradient.")
 
 
