@@ -15,7 +15,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from ddp_lab.tools.solved import exercise_cells
+from ddp_lab.tools.solved import cell_source, exercise_cells
 
 SOLVED, NOT_SOLVED, FAILED, NOT_CHECKED = (
     "solved", "not solved yet", "failed", "not checked in this run")
@@ -40,7 +40,7 @@ def learner_check_cell(nb, name: str) -> int | None:
     whose function is a name the stub cell binds, else the first check at all."""
     stubs = [i for i, named in exercise_cells(nb) if named == name]
     start = stubs[0] + 1 if stubs else 0
-    bound = _bound_names(_source(nb.cells[stubs[0]])) if stubs else set()
+    bound = _bound_names(cell_source(nb.cells[stubs[0]])) if stubs else set()
     checks = [(i, checked) for i in range(start, len(nb.cells))
               for checked in [_checked_function(nb.cells[i], name)] if checked is not None]
     own = [i for i, checked in checks if checked in bound]
@@ -54,7 +54,7 @@ def _checked_function(cell, name: str) -> str | None:
     if cell.get("cell_type") != "code":
         return None
     call = re.search(rf"""\bcheck\(\s*["']{re.escape(name)}["']\s*,\s*([\w.]*)""",
-                     _source(cell))
+                     cell_source(cell))
     return None if call is None else call.group(1)
 
 
@@ -94,11 +94,6 @@ def _error_line(output) -> str:
     message = first[0] if first else ""
     ename = output.get("ename", "")
     return message if ename == "ExerciseFailed" else f"{ename}: {message}".rstrip(": ")
-
-
-def _source(cell) -> str:
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else source
 
 
 def _stream_text(output) -> str:

@@ -15,7 +15,7 @@ import base64
 import re
 from dataclasses import dataclass
 
-from ddp_lab.tools.solved import exercise_cells
+from ddp_lab.tools.solved import cell_source, exercise_cells
 
 # A code cell tagged so holds the notebook's key figure; untagged, the last figure drawn is.
 KEY_FIGURE_TAG = "key-figure"
@@ -43,15 +43,10 @@ class Figure:
     section: str
 
 
-def _source(cell) -> str:
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else source
-
-
 def _markdown_lines(nb):
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            yield from _source(cell).splitlines()
+            yield from cell_source(cell).splitlines()
             yield ""  # a cell ends a paragraph
 
 
@@ -199,7 +194,7 @@ def key_figure(nb) -> Figure | None:
     section = ""
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            section = _last_heading(_source(cell)) or section
+            section = _last_heading(cell_source(cell)) or section
             continue
         for png in _pngs(cell):
             figure = Figure(png, section)

@@ -19,6 +19,12 @@ SOLUTION_IMPORTS = ("import math\nimport torch\nimport torch.distributed as dist
                     "import torch.nn.functional as F\nfrom torch import nn\n")
 
 
+def cell_source(cell) -> str:
+    """A cell's source as one string (nbformat keeps it as a string or a list of lines)."""
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
 def exercise_cells(nb) -> list[tuple[int, str]]:
     """(cell index, exercise name) of every exercise cell, in order."""
     return [(i, cell.get("metadata", {}).get("exercise", ""))
@@ -51,8 +57,7 @@ def solved_copy(nb):
         if not name:
             raise ValueError(f"exercise cell {index} names no exercise in its metadata")
         cell = solved["cells"][index]
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        cell["source"] = solution_source(name, defined_name(source))
+        cell["source"] = solution_source(name, defined_name(cell_source(cell)))
     return solved
 
 
