@@ -11,6 +11,7 @@ shows in the log and a notebook of 60 quick cells prints a handful of lines.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -91,8 +92,9 @@ class LiveProgress:
                     self._show(force=False)
 
     def _show(self, force: bool) -> None:
-        if self.tty:
-            self.stream.write(CLEAR_LINE + self.status())
+        if self.tty:  # one row, or the next \r would redraw only its wrapped tail
+            width = shutil.get_terminal_size().columns - 1
+            self.stream.write(CLEAR_LINE + self.status()[:max(width, 20)])
             self._drawn = True
         elif force or self._due_in_log():
             self.stream.write(self.status() + "\n")
