@@ -10,6 +10,7 @@ counted, and the whole traceback stays in ``ex.last_failure().traceback``.
 
 from __future__ import annotations
 
+import linecache
 import re
 import sys
 import sysconfig
@@ -105,6 +106,20 @@ def _cell_named(line: str, file: str) -> str:
     if not label:
         return line
     return line.replace(f'File "{file}"', " ".join(label), 1)
+
+
+def cell_line(traceback) -> str | None:
+    """The notebook cell line a kernel-side exception came through, as IPython names it:
+    "Cell In[3], line 2: ex.check(...)" (the check cell, the outermost cell frame of the
+    traceback object), or None outside a kernel."""
+    shell = _ipython()
+    while shell is not None and traceback is not None:
+        file, line = traceback.tb_frame.f_code.co_filename, traceback.tb_lineno
+        label = shell.compile.format_code_name(file)
+        if label:
+            return f"{' '.join(label)}, line {line}: {linecache.getline(file, line).strip()}"
+        traceback = traceback.tb_next
+    return None
 
 
 def _ipython():

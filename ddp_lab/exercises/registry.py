@@ -21,10 +21,14 @@ class ExerciseFailed(AssertionError):
     reads like any failed assert."""
 
     def _render_traceback_(self) -> list[str]:
-        """IPython shows the feedback alone: the frames of the check cell and of
-        ``ex.check`` say nothing the message does not (``ex.last_failure()`` keeps the
-        rest)."""
-        return f"{type(self).__name__}: {self}".splitlines()
+        """IPython shows the check cell's line and the feedback: the frames of ``ex.check``
+        and the checker say nothing the message does not (``ex.last_failure()`` keeps the
+        rest). The cell's line comes first, where IPython puts it (and the notebook runner
+        reads it)."""
+        from ddp_lab.exercises.feedback_traceback import cell_line
+        where = cell_line(self.__traceback__)
+        lines = f"{type(self).__name__}: {self}".splitlines()
+        return [where, *lines] if where else lines
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,9 @@ def test_a_failed_check_keeps_the_full_values_its_message_quotes():
     assert lines[0] == f"on 2 ranks (seed 5), rank 1: {problem}" and len(lines) == 4
     assert lines[2] == "The full values: ex.last_failure() (.expected, .got)."
     assert lines[3] == "Stuck? ex.recipe('02.shift') spells out the steps."
-    report = str(kept)  # what ex.last_failure() shows in a notebook: everything
+    report = str(kept)
+    from IPython.lib.pretty import pretty
+    assert pretty(kept) == report  # what ex.last_failure() shows in a notebook: everything
     assert report.startswith(f"02.shift failed: {kept.message}")
     assert f"expected:\n{want!r}" in report and f"got:\n{got!r}" in report
 
