@@ -9,8 +9,20 @@ The blocks' results are combined by the **online softmax** of FlashAttention
 ``l`` of ``exp(score - m)`` and a running numerator ``acc``; a new block rescales what was
 there by ``exp(m_old - m_new)``. The result equals softmax over the whole row.
 
-Backward rings K/V around again; the gradients of each K/V block travel with it, every rank
-adding its queries' share, and arrive home after one more hop.
+Backward rings K/V around again (n-1 messages); the gradients of each K/V block travel with
+it, every rank adding its queries' share, and arrive home after one more hop (n messages): 2n-1
+K/V-sized messages per backward against the forward's n-1. Each dK/dV hop is posted after a
+block's compute and waited for after the next block's compute, as ring-flash-attention does, so
+it too travels while a block is computed.
+
+The running ``acc``, ``m``, ``l``, dQ and the travelling dK/dV are float32 whatever the input
+dtype (each block is computed in float32 too), and the results are cast to the input dtype at
+the end, as torch's ``context_parallel`` does (``convert_to_f32``): rounding every step's merge
+and every hop's sum to bfloat16 would make the ring several times less accurate than
+``scaled_dot_product_attention`` in bfloat16. K/V travel in their own dtype; dK/dV in float32.
+
+Every rank must hold the same number of positions: :func:`ring_attention` all-gathers the
+shapes once and raises on every rank, before any K/V is sent, if they differ.
 
 A shard is a list of chunks of consecutive positions. ``"contiguous"``: rank r holds
 positions ``[r S, (r+1) S)``. ``"zigzag"``: chunk r and chunk 2n-1-r of 2n chunks, so every
@@ -52,10 +64,15 @@ def pair_kind(q_chunk, k_chunk, causal: bool) -> str:
 
 def online_softmax_step(acc, m, l, scores, v):
     """Fold one block of ``scores`` (..., rows, keys; -inf where masked) and its values ``v``
-    into the running numerator ``acc``, maximum ``m`` and sum ``l`` of each row."""
+    into the running numerator ``acc``, maximum ``m`` and sum ``l`` of each row.
+
+    A row whose keys so far are all masked has ``m_new = -inf``; ``exp(-inf - (-inf))`` would
+    be NaN, so the exponentials subtract 0 there instead (as FlashAttention's kernels do) and
+    the row stays at ``acc = 0, l = 0`` until a visible key arrives."""
     m_new = torch.maximum(m, scores.amax(dim=-1))
-    p = torch.exp(scores - m_new.unsqueeze(-1))
-    correction = torch.exp(m - m_new)  # 0 on the first block (m = -inf)
+    m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    p = torch.exp(scores - m_safe.unsqueeze(-1))
+    correction = torch.exp(m - m_safe)  # 0 on the first block (m = -inf)
     l_new = l * correction + p.sum(dim=-1)
     acc_new = acc * correction.unsqueeze(-1) + p @ v
     return acc_new, m_new, l_new
@@ -101,45 +118,73 @@ def _wait(works):
 def _forward(q, k, v, causal, group, layout):
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     seq_local, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
-    acc = torch.zeros_like(q)
-    m = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
-    l = torch.zeros(q.shape[:-1], dtype=q.dtype)
-    kv = torch.stack((k, v)).contiguous()  # one message per step
+    f32 = torch.float32  # the running statistics, whatever the input dtype
+    acc = torch.zeros(q.shape, dtype=f32)
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=f32)
+    l = torch.zeros(q.shape[:-1], dtype=f32)
+    q32 = q.to(f32)
+    kv = torch.stack((k, v)).contiguous()  # one message per step, in the input dtype
     for step in range(world):
         source = (rank - step) % world
         incoming, works = _shift(kv, group, rank, world) if step < world - 1 else (kv, [])
+        kv32 = kv.to(f32)
         for qc, kc, kind in _block_pairs(layout, rank, source, world, seq_local, causal):
-            s = _scores(_rows(q, qc), _rows(kv[0], kc), qc, kc, kind, scale)
+            s = _scores(_rows(q32, qc), _rows(kv32[0], kc), qc, kc, kind, scale)
             rows = slice(qc[0], qc[0] + qc[2])
             acc[..., rows, :], m[..., rows], l[..., rows] = online_softmax_step(
-                acc[..., rows, :], m[..., rows], l[..., rows], s, _rows(kv[1], kc))
+                acc[..., rows, :], m[..., rows], l[..., rows], s, _rows(kv32[1], kc))
         _wait(works)  # the next block has arrived while this one was computed
         kv = incoming
-    return acc / l.unsqueeze(-1), m + torch.log(l)
+    return (acc / l.unsqueeze(-1)).to(q.dtype), m + torch.log(l)  # lse stays float32
 
 
 def _backward(q, k, v, out, lse, grad_out, causal, group, layout):
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     seq_local, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
-    delta = (grad_out * out).sum(dim=-1, keepdim=True)
-    grad_q = torch.zeros_like(q)
+    f32 = torch.float32
+    q32, go32 = q.to(f32), grad_out.to(f32)
+    delta = (go32 * out.to(f32)).sum(dim=-1, keepdim=True)
+    grad_q = torch.zeros(q.shape, dtype=f32)
     kv = torch.stack((k, v)).contiguous()
-    grad_kv = torch.zeros_like(kv)  # the gradients of the block in hand, travelling with it
+    arriving, grad_works = None, []  # dK/dV of the block in hand, summed by the ranks before
     for step in range(world):
         source = (rank - step) % world
         incoming, works = _shift(kv, group, rank, world) if step < world - 1 else (kv, [])
+        kv32 = kv.to(f32)
+        grad_kv = torch.zeros(kv.shape, dtype=f32)  # this rank's share (the last one may still be in flight)
         for qc, kc, kind in _block_pairs(layout, rank, source, world, seq_local, causal):
-            k_c, v_c, q_c, go = _rows(kv[0], kc), _rows(kv[1], kc), _rows(q, qc), _rows(grad_out, qc)
+            k_c, v_c, q_c, go = _rows(kv32[0], kc), _rows(kv32[1], kc), _rows(q32, qc), _rows(go32, qc)
             p = torch.exp(_scores(q_c, k_c, qc, kc, kind, scale) - _rows(lse.unsqueeze(-1), qc))
             ds = p * (go @ v_c.transpose(-2, -1) - _rows(delta, qc))
             _rows(grad_q, qc).add_(ds @ k_c * scale)
             _rows(grad_kv[0], kc).add_(ds.transpose(-2, -1) @ q_c * scale)
             _rows(grad_kv[1], kc).add_(p.transpose(-2, -1) @ go)
+        _wait(grad_works)  # posted one step ago: it travelled while this block was computed
+        if arriving is not None:
+            grad_kv += arriving
         _wait(works)
         kv = incoming
-        grad_kv, grad_works = _shift(grad_kv, group, rank, world)  # one hop on: home after the last
-        _wait(grad_works)
-    return grad_q, grad_kv[0], grad_kv[1]
+        arriving, grad_works = _shift(grad_kv, group, rank, world)  # one hop on: home after the last
+    _wait(grad_works)
+    return grad_q.to(q.dtype), arriving[0].to(k.dtype), arriving[1].to(v.dtype)
+
+
+def _check_shards(q, group, layout):
+    """Raise on every rank, before anything is sent, unless every rank holds the same shape.
+    One all-gather of the shapes: a rank that raised alone would leave the others in a send."""
+    world = dist.get_world_size(group)
+    mine = torch.tensor(q.shape, dtype=torch.int64)
+    shapes = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(shapes, mine, group=group)
+    shapes = [tuple(s.tolist()) for s in shapes]
+    if len(set(shapes)) > 1:
+        raise ValueError(
+            f"ring_attention needs the same shard shape on every rank, got {shapes} (rank order): "
+            f"split the sequence evenly before sharding (a length divisible by {world} for the "
+            f"contiguous layout, by {2 * world} for zig-zag)")
+    if layout == "zigzag" and q.shape[-2] % 2:
+        raise ValueError(f"a zig-zag shard holds two equal chunks: seq_local={q.shape[-2]} is odd; "
+                         f"use a sequence length divisible by {2 * world}")
 
 
 class _RingAttention(torch.autograd.Function):
@@ -169,11 +214,19 @@ def ring_attention(q, k, v, causal: bool = False, group=None, *, layout: str = "
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k and v must have one shape (batch, heads, seq_local, head_dim); "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if dist.get_world_size(group) > 1:
+        _check_shards(q, group, layout)
     return _RingAttention.apply(q, k, v, causal, group, layout)
 
 
 def zigzag_shard(x: torch.Tensor, rank: int, world: int, dim: int = -2) -> torch.Tensor:
-    """Rank ``rank``'s zig-zag shard of a full sequence: chunks r and 2n-1-r of 2n."""
+    """Rank ``rank``'s zig-zag shard of a full sequence: chunks r and 2n-1-r of 2n.
+
+    Raises unless the length divides into 2n equal chunks (``chunk`` would give the ranks
+    shards of different lengths). Every rank sees the same full length, so every rank raises."""
+    if x.shape[dim] % (2 * world):
+        raise ValueError(f"zigzag_shard: a sequence of {x.shape[dim]} positions does not split into "
+                         f"2 x {world} = {2 * world} equal chunks; pad or trim it to a multiple of {2 * world}")
     pieces = x.chunk(2 * world, dim=dim)
     return torch.cat((pieces[rank], pieces[2 * world - 1 - rank]), dim=dim)
 

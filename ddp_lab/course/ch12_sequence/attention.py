@@ -43,6 +43,9 @@ def shard(t: torch.Tensor, layout: str = "contiguous") -> torch.Tensor:
     rank, world = dist.get_rank(), dist.get_world_size()
     if layout == "zigzag":
         return zigzag_shard(t, rank, world).clone()
+    if t.shape[-2] % world:
+        raise ValueError(f"shard: {t.shape[-2]} positions do not split into {world} equal shards; "
+                         f"use a multiple of {world}")
     return t.chunk(world, dim=-2)[rank].clone()
 
 
