@@ -141,3 +141,15 @@ def test_in_a_kernel_the_feedback_is_the_message_and_frames_are_cells(tmp_path):
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def all_reduce_that_returns_its_input(tensor, local_world_size):
+    return tensor.clone()
+
+
+def test_a_chapter_checker_that_names_the_input_says_your_own_tensor():
+    message = _failure("09.hierarchical_all_reduce", all_reduce_that_returns_its_input)
+    assert "should return the sum over all ranks: you returned your own tensor" in message
+    assert len(message.splitlines()) <= SCREEN, message
+    kept = ex.last_failure()
+    assert torch.equal(kept.got, kept.input)

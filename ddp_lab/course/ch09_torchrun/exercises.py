@@ -175,15 +175,15 @@ def _hierarchical_trial(fn, seed: int, local: int):
         got = fn(tensor.clone(), local)
     expected = tensor.clone()
     dist.all_reduce(expected)
-    return got, expected, trace.talks()
+    return got, expected, trace.talks(), tensor
 
 
 def check_hierarchical_all_reduce(fn) -> str:
     seed = new_seed()
     for local, where, values in layout_runs(_hierarchical_trial, fn, seed):
         nodes = len(values) // local
-        for rank, (got, expected, talks) in enumerate(values):
-            problem = tensor_problem(got, expected)
+        for rank, (got, expected, talks, mine) in enumerate(values):
+            problem = tensor_problem(got, expected, mine=mine)
             if problem:
                 raise ExerciseFailed(f"{where}: rank {rank} should return the sum over all "
                                      f"ranks: {problem}")
