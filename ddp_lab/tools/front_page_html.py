@@ -114,7 +114,7 @@ def _exercises(exercises, progress) -> str:
 def _exercise(x, kept) -> str:
     """Its status in this run, when it was first solved (kept over runs), its summary, and
     what the check said unless it is solved now."""
-    earlier = (f' <span class="ex-earlier">solved on {html.escape(kept.first_solved_at)}'
+    earlier = (f' <span class="ex-earlier">first solved on {html.escape(kept.first_solved_at)}'
                f'</span>' if kept is not None and kept.ever_solved else "")
     summary = f" {html.escape(x.summary)}" if x.summary else ""
     feedback = (f'<span class="feedback">{html.escape(x.feedback)}</span>'
