@@ -98,8 +98,40 @@ def run_schedule(schedule: Schedule, config: PipeliningConfig) -> dict:
 
 
 def all_schedules(config: PipeliningConfig = PipeliningConfig()) -> dict:
-    """Every schedule of SCHEDULES, one after the other on the same ranks."""
-    return {s.name: run_schedule(s, config) for s in SCHEDULES}
+    """Every schedule of SCHEDULES, one after the other on the same ranks, and what torch's
+    constructors say to a number of micro-batches they refuse (``m_refused``)."""
+    return {**{s.name: run_schedule(s, config) for s in SCHEDULES}, "m_refused": m_refused(config)}
+
+
+def m_refused(config: PipeliningConfig) -> dict:
+    """torch's own checks on m, from the constructors (no step runs): 1F1B with m = p - 1
+    (it needs m >= its stages) and interleaved 1F1B with m = 2p + 1 (it needs m to be a
+    multiple of its rounds, max(1, m // p)). Schedule name -> (m, torch's ValueError)."""
+    ranks, out = dist.get_world_size(), {}
+    for schedule, m in ((SCHEDULES[1], ranks - 1), (SCHEDULES[2], 2 * ranks + 1)):
+        n_stages = ranks * schedule.virtual
+        modules = cut(make_layers(config, ranks), n_stages)
+        stages = [pp.PipelineStage(modules[i], i, n_stages, torch.device("cpu"))
+                  for i in stages_of(schedule, dist.get_rank(), ranks)]
+        try:
+            schedule.cls(stages if schedule.virtual > 1 else stages[0], n_microbatches=m,
+                         loss_fn=F.mse_loss)
+            out[schedule.name] = (m, None)
+        except ValueError as err:
+            out[schedule.name] = (m, str(err))
+    return out
+
+
+def peak_in_flight(result: dict) -> int:
+    """The most micro-batches whose forward this rank's stages held at once: a stage keeps a
+    forward's outputs from F (``fwd_cache[chunk] = ...``) until its B or I pops them
+    (T/distributed/pipelining/stage.py, ``forward_one_chunk``, ``backward_one_chunk``);
+    counted from the recorded order, over the rank's stages."""
+    held = peak = 0
+    for label in order(result["spans"]):
+        held += 1 if label[0] == "F" else -1 if label[0] in "BI" else 0
+        peak = max(peak, held)
+    return peak
 
 
 def order(spans: list) -> list[str]:

@@ -52,6 +52,32 @@ def _ready(kind: str, mb: int, stage: int, last: int, done: dict):
     return None if None in times else max(times, default=0.0)
 
 
+def torch_zbv_orders(p: int, m: int) -> list[dict]:
+    """Each rank's order of steps in torch's own ZBV plan for ``p`` ranks and ``m``
+    micro-batches, in the shape ``replay`` reads. The planner pads the plan to
+    max(2p - 1, m) micro-batches and then drops the padding (T/distributed/pipelining/
+    schedules.py, ``ScheduleZBVZeroBubble._calculate_single_rank_operations``); it reads only
+    p, m and the stage count, so no process group is needed."""
+    import types
+
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+    plan = types.SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p)
+    out = []
+    for rank in range(p):
+        ops = [a for a in ScheduleZBVZeroBubble._calculate_single_rank_operations(plan, rank)
+               if a is not None]
+        out.append({"spans": [(f"{a.computation_type.value}{a.microbatch_index}", i, i + 1)
+                              for i, a in enumerate(ops)],
+                    "stage_of_span": [a.stage_index for a in ops]})
+    return out
+
+
+def zbv_formula(p: int, m: int) -> float:
+    """ZBV's replayed bubble for m >= 2p - 1 (and for some smaller m, not for m = p):
+    (p-1)/(6m+p-1)."""
+    return (p - 1) / (6 * m + p - 1)
+
+
 def bubble_rows(results: list[dict], config: PipeliningConfig = PipeliningConfig()) -> list[dict]:
     """Per library schedule: the bubble measured on the ranks' clocks, the bubble of its
     recorded orders replayed with ideal costs, and (p-1)/(v*m+p-1) for the schedules
