@@ -4,11 +4,14 @@ attention over a sequence split across ranks, by trading the split for one over 
 Attention mixes positions but never heads. So one all-to-all turns "every head, my
 positions" into "my heads, every position"; each rank runs ordinary attention on whole
 sequences of its heads; a second all-to-all turns the output back into "every head, my
-positions". Heads must divide by the number of ranks.
+positions". Heads must divide by the number of ranks (12 heads do not go on 8); with
+grouped-query attention it is the K/V heads that split, and under tensor parallelism the
+heads left on a rank. The all-to-alls here block; they could be issued asynchronously and
+overlapped with other heads' or layers' work.
 
 An all-to-all's backward is the inverse all-to-all of the gradient. The gradient is made
-contiguous first: autograd may hand a function a strided gradient, and a collective that
-reads its buffer as flat memory would send the wrong numbers (notebook 12 shows this
+contiguous first: autograd may hand a function a strided gradient, and gloo fills or reads
+a non-contiguous buffer as flat memory, so the wrong numbers would arrive (notebook 12 shows this
 happening to ``torch.distributed.nn.functional.all_gather`` on gloo).
 """
 

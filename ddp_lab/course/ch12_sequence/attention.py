@@ -79,3 +79,33 @@ def online_softmax_blocks(scores: torch.Tensor, values: torch.Tensor, blocks: in
         acc, m, l = online_softmax_step(acc, m, l, s.unsqueeze(0), v)
         steps.append({"m": m.item(), "l": l.item(), "out": (acc / l.unsqueeze(-1))[0].clone()})
     return {"steps": steps, "exact": torch.softmax(scores, dim=0) @ values}
+
+
+def lse_merge(out_a, lse_a, out_b, lse_b):
+    """Two attention blocks' outputs over disjoint key sets, each with its log-sum-exp per row,
+    merged into attention over both, as torch's ``context_parallel`` merges them
+    (``_SDPAMerger``, ``T/distributed/tensor/experimental/_context_parallel/_attention.py:186-187``),
+    in float32. The online softmax's rescaling, written on outputs instead of ``(acc, m, l)``:
+    the merged output weighs each block by its share ``exp(lse_i - lse)`` of the row's sum."""
+    out_a, lse_a, out_b, lse_b = (t.to(torch.float32) for t in (out_a, lse_a, out_b, lse_b))
+    out = out_a - torch.sigmoid(lse_b - lse_a).unsqueeze(-1) * (out_a - out_b)
+    lse = lse_a - F.logsigmoid(lse_a - lse_b)
+    return out, lse
+
+
+def block_attention(q, k, v):
+    """Attention of ``q`` over one block of keys: the output and each row's log-sum-exp."""
+    s = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+
+
+def merge_two_blocks(config: AttentionConfig = AttentionConfig(), split: int = 24) -> dict:
+    """Non-causal attention over every key, and the same from two blocks of keys
+    (``[0, split)`` and ``[split, S)``) merged by ``lse_merge``."""
+    q, k, v, _ = inputs(config)
+    a = block_attention(q, k[..., :split, :], v[..., :split, :])
+    b = block_attention(q, k[..., split:, :], v[..., split:, :])
+    out, lse = lse_merge(*a, *b)
+    whole = block_attention(q, k, v)
+    return {"merged": out, "merged_lse": lse, "whole": whole[0], "whole_lse": whole[1],
+            "sdpa": F.scaled_dot_product_attention(q, k, v)}

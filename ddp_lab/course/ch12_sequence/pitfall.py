@@ -2,9 +2,12 @@
 
 The obvious way to give every rank all of K is ``torch.distributed.nn.functional.all_gather``
 (differentiable: its backward is an all-to-all that sends each piece's gradient home and
-sums them). On gloo in torch 2.13 that backward reads each incoming gradient as flat memory;
-``scaled_dot_product_attention``'s CPU backward hands it K's gradient in a transposed
-layout (not contiguous), so the pieces sent home are the wrong numbers, with no error. A
+sums them). ``scaled_dot_product_attention``'s CPU backward hands it K's gradient in a
+transposed layout (not contiguous). The sends are right (``_AlltoAll.forward`` makes them
+contiguous, ``T/distributed/nn/functional.py:464``), but the receive buffers are
+``torch.empty_like`` of those gradients (``:420``), transposed too, and gloo's ``scatter``
+(``:471``) fills them as flat memory: the pieces that arrive are read in the wrong order,
+with no error (pytorch/pytorch#192920). A
 one-line autograd function that makes the gradient contiguous first fixes it. Every
 differentiable collective deserves this check against one process.
 """

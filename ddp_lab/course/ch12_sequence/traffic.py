@@ -96,3 +96,18 @@ def memory(seqs=(256, 512, 1024, 2048)) -> dict:
             result[seq]["one process"] = largest_tensor(
                 lambda: torch.softmax(full_q @ full_k.transpose(-2, -1) / 32 ** 0.5, -1) @ full_v)
     return result
+
+
+def ring_messages(config: AttentionConfig = AttentionConfig(batch=1, heads=2, seq=64, head_dim=16)) -> dict:
+    """The messages this rank sends in one causal forward and one backward of the (zig-zag)
+    ring: forward n-1 K/V blocks; backward n-1 K/V blocks and n dK/dV blocks (each one hop
+    on, the last one home). Also the bytes of a K/V block, and of its float32 gradients."""
+    q, k, v, upstream = (shard(t, "zigzag") for t in inputs(config))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    with CollectiveTrace(dist.get_world_size()) as fwd:
+        out = scratch.ring_attention(q, k, v, causal=True, layout="zigzag")
+    with CollectiveTrace(dist.get_world_size()) as bwd:
+        (out * upstream).sum().backward()
+    return {"forward": [c.nbytes for c in fwd.calls if c.name == "send"],
+            "backward": [c.nbytes for c in bwd.calls if c.name == "send"],
+            "kv_bytes": 2 * k.numel() * k.element_size(), "grad_kv_bytes": 2 * k.numel() * 4}
