@@ -92,7 +92,7 @@ def tensor_parallel(config: BlockConfig = BlockConfig()) -> dict:
     """Notebook 11's layers: LayerNorm on the whole sequence on every rank."""
     norm, up, down = _split(config)
     x = make_input(config).requires_grad_()
-    return _traced(lambda: down(F.gelu(up(norm(x)))), x, norm)
+    return _traced(lambda: down(F.gelu(up(norm(x)))), x, norm, (norm, up, down))
 
 
 def sequence_parallel(config: BlockConfig = BlockConfig()) -> dict:
@@ -103,12 +103,12 @@ def sequence_parallel(config: BlockConfig = BlockConfig()) -> dict:
     def forward():
         hidden = F.gelu(F.linear(_GatherSeq.apply(norm(x)), up.weight, up.bias))
         return _ReduceScatterSeq.apply(F.linear(hidden, down.weight)) + down.bias
-    result = _traced(forward, x, norm)
+    result = _traced(forward, x, norm, (norm, up, down))
     dist.all_reduce(result["norm_grad"])  # each rank saw its positions only
     return result
 
 
-def _traced(forward, x, norm) -> dict:
+def _traced(forward, x, norm, modules=()) -> dict:
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         with CollectiveTrace(dist.get_world_size()) as fwd:
@@ -117,8 +117,24 @@ def _traced(forward, x, norm) -> dict:
         out.square().sum().backward()
     return {"out": out.detach(), "x_grad": x.grad, "norm_grad": norm.weight.grad.clone(),
             "norm_input_bytes": x.numel() * x.element_size(),
+            "saved": _saved_activations(saved, modules),
             "forward": [(c.name, c.bytes_per_rank) for c in fwd.calls],
             "backward": [(c.name, c.bytes_per_rank) for c in bwd.calls]}
+
+
+def _saved_activations(saved, modules) -> list[tuple[tuple[int, ...], int]]:
+    """The shapes and bytes of the activations autograd kept for backward (parameters left
+    out; a tensor saved twice counted once)."""
+    weights = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
+    seen, result = set(), []
+    for t in saved:
+        if t.untyped_storage().data_ptr() in weights:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            result.append((tuple(t.shape), t.numel() * t.element_size()))
+    return result
 
 
 def both(config: BlockConfig = BlockConfig()) -> dict:
