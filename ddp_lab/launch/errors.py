@@ -34,14 +34,22 @@ class WorkerError(DistributedRunError):
     Attributes: rank, exitcode, traceback (str, the root-cause rank's), logs (list of every
     rank's output), knock_on and also_failed (dict rank -> one-line reason), values (each
     rank's value where it arrived, else None), finished (True when the root-cause rank had
-    finished its code and died in teardown, verdict/died_after_return.py).
+    finished its code and died in teardown, verdict/died_after_return.py), victims (dict
+    rank -> its timeout: ranks that timed out in a collective ``rank`` never joined,
+    verdict/timeouts.py), same_on (the ranks that all failed the same way, when that is
+    every rank: no root cause then, and ``rank`` is the first of them, verdict/everywhere.py),
+    headline (the verdict's first line, where it has one of its own).
     """
 
     def __init__(self, rank: int, exitcode: int | None, traceback: str, logs: list[str],
                  knock_on: dict[int, str] | None = None, hint: str = "",
                  also_failed: dict[int, str] | None = None, values: list | None = None,
-                 finished: bool = False):
+                 finished: bool = False, victims: dict[int, str] | None = None,
+                 same_on: list[int] | None = None, headline: str = ""):
         self.rank = rank
+        self.victims = dict(victims or {})
+        self.same_on = list(same_on or [])
+        self.headline = headline
         self.values = values if values is not None else [None] * len(logs)
         self.finished = finished
         self.hint = hint
@@ -53,7 +61,10 @@ class WorkerError(DistributedRunError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        if self.finished:  # its code returned; the hint says what is known
+        if self.headline:  # the verdict's own: victims of a timeout, the same error everywhere
+            lines = [self.headline, "", self.traceback.rstrip() or "(no stack or traceback "
+                     "of it: see its log)"]
+        elif self.finished:  # its code returned; the hint says what is known
             lines = [f"rank {self.rank} finished its work, then its process died on the way "
                      f"out ({describe_exit(self.exitcode)}): in teardown, after its code had "
                      "returned.", "", self.hint, "",
@@ -67,6 +78,9 @@ class WorkerError(DistributedRunError):
                      self.traceback.rstrip() or "(no Python traceback: see its log)"]
         if self.hint and not self.finished:
             lines += ["", self.hint]
+        if self.victims:
+            lines += ["", f"Victims (they timed out waiting for rank {self.rank}):"]
+            lines += [f"  rank {r}: {why}" for r, why in sorted(self.victims.items())]
         if self.knock_on:
             lines += ["", "Knock-on failures (they stopped because rank "
                       f"{self.rank} did, look at rank {self.rank} first):"]

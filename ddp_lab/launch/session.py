@@ -34,6 +34,7 @@ from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.output.run_loop import RunLoop
 from ddp_lab.launch.verdict.rank_state import RankState
 from ddp_lab.launch.verdict.record import RunRecord
+from ddp_lab.launch.verdict.timeouts import still_waited_for
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Session:
         self.stopping = Stopping()
         self.timed_out = False
         self.stacks: dict[int, str] = {}
+        self.stacks_at_failure: dict[int, str] | None = None  # taken once: verdict/timeouts.py
         self.seconds = 0.0
         self.run_ended = False
 
@@ -173,6 +175,8 @@ class Session:
         if not running or self.stopping.killed:
             return now + 0.05  # only exit reports are still to come
         first = self._first_failure()
+        if first is not None and self.stacks_at_failure is None:  # once: verdict/timeouts.py
+            self.stacks_at_failure = self._collect_stacks(still_waited_for(self.files, self.ranks))
         due = self.deadline.due(now, first)
         if due == GRACE_OVER:
             for state in running:
@@ -229,8 +233,11 @@ class Session:
                 state.exit_time = time.monotonic()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Each rank's stack now (a rank's file keeps every dump: read only this one)."""
         from ddp_lab.launch.verdict.stacks import collect_stacks
-        return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files)
+        offsets = {r: path.stat().st_size for r in ranks if (path := self.files.stack(r)).exists()}
+        return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files,
+                              offsets)
 
     def _abandon_server(self, when: str) -> None:
         """The fork server stopped answering: kill it with its ranks and say so."""
@@ -288,4 +295,5 @@ class Session:
         """The finished run, for ``outcome.conclude`` (call before leaving the ``with``:
         the results are in the run folder, which cleanup removes)."""
         return RunRecord(self.config, tuple(s.record() for s in self.ranks), self.files,
-                         self.seconds, self.timed_out, dict(self.stacks))
+                         self.seconds, self.timed_out, dict(self.stacks),
+                         dict(self.stacks_at_failure or {}))

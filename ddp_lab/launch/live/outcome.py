@@ -55,7 +55,7 @@ def _failure(session, call, logs: list[str], seconds: float) -> DistributedRunEr
     raised = any(reply.status == "error" for reply in call.replies.values())
     timed_out = bool(call.stuck) and not raised and not call.died
     record = RunRecord(replace(session.config, timeout=call.timeout), ranks, files, seconds,
-                       timed_out, dict(call.stacks))
+                       timed_out, dict(call.stacks), took_part=tuple(call.targets))
     try:
         conclude(record)
     except DistributedRunError as exc:
@@ -85,6 +85,8 @@ def _with_session_state(exc: DistributedRunError, call) -> DistributedRunError:
     message = str(exc)
     reply = call.replies.get(getattr(exc, "rank", None))
     if reply is not None and reply.status == "error":  # it raised; its process lives on
+        message = message.replace(f"failed the same way ({describe_exit(1)})",
+                                  "raised the same exception", 1)
         message = message.replace(f"failed ({describe_exit(1)})", "raised an exception", 1)
     exc.args = (f"{message}\n\n{note}",)
     return exc

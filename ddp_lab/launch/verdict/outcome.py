@@ -13,7 +13,7 @@ from ddp_lab.launch.config import read_pickle
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
                                    WorkerTimeout, describe_exit, describe_ranks, safe_message,
                                    short_message)
-from ddp_lab.launch.verdict import died_after_return
+from ddp_lab.launch.verdict import died_after_return, everywhere, timeouts
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord
 from ddp_lab.launch.verdict.stacks import describe_crash
 
@@ -86,6 +86,11 @@ def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> Distributed
     records = {s.rank: read_pickle(run.files.error(s.rank)) for s in failed}
     logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
             for r, log in enumerate(logs)]
+    took_part = run.participants()
+    if same := everywhere.same_failure(failed, records, took_part):
+        return _same_everywhere(run, same, records, logs)
+    if absence := timeouts.never_joined(run, failed, records, took_part):
+        return _never_joined(run, absence, failed, records, logs)
     done = {s.rank for s in failed if died_after_return.finished(run, s, records.get(s.rank))}
     failed_in_code = [s for s in failed if s.rank not in done and not s.stopped_by_launcher]
     root, hint = _blame(run, failed_in_code or [s for s in failed if s.rank in done] or
@@ -103,6 +108,32 @@ def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> Distributed
     return WorkerError(root.rank, root.exitcode, "" if root.exitcode == 0 else trace, logs,
                        knock_on, hint=hint, also_failed=also_failed,
                        values=died_after_return.values_so_far(run), finished=root.rank in done)
+
+
+def _same_everywhere(run: RunRecord, same: list[int], records, logs) -> WorkerError:
+    """One failure, told once: no root cause, no list of copies (verdict/everywhere.py)."""
+    first = next(s for s in run.ranks if s.rank == same[0])
+    record = records[first.rank]
+    return WorkerError(first.rank, first.exitcode, record["traceback"], logs,
+                       hint=_double_init_hint(record), same_on=same,
+                       values=died_after_return.values_so_far(run),
+                       headline=everywhere.headline(same, len(run.ranks), record,
+                                                    describe_exit(first.exitcode)))
+
+
+def _never_joined(run: RunRecord, absence, failed, records, logs) -> WorkerError:
+    """Ranks timed out in a collective that ``absence.cause`` never joined: it is the root
+    cause, they are its victims (verdict/timeouts.py)."""
+    cause = absence.cause
+    others = [s for s in failed if s.rank not in absence.victims and s is not cause]
+    reasons = {s.rank: _knock_on_reason(s, records.get(s.rank), cause.rank) for s in others}
+    own = {s.rank for s in others if _failed_on_its_own(s, records.get(s.rank))}
+    return WorkerError(cause.rank, cause.exitcode, absence.evidence, logs,
+                       {r: why for r, why in reasons.items() if r not in own},
+                       hint=timeouts.advice(absence),
+                       also_failed={r: why for r, why in reasons.items() if r in own},
+                       values=died_after_return.values_so_far(run), victims=absence.victims,
+                       headline=absence.headline())
 
 
 def _blame(run: RunRecord, failed: list[RankRecord], records) -> tuple[RankRecord, str]:

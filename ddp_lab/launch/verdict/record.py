@@ -28,6 +28,13 @@ class RunRecord:
     seconds: float
     timed_out: bool = False
     stacks: Mapping[int, str] = field(default_factory=dict)  # stuck rank -> its stack
+    # rank -> its stack when the first rank timed out in a collective (verdict/timeouts.py)
+    stacks_at_failure: Mapping[int, str] = field(default_factory=dict)
+    took_part: tuple[int, ...] | None = None  # the ranks a live call went to (None: all)
+
+    def participants(self) -> list[int]:
+        return list(self.took_part) if self.took_part is not None else \
+            [rank.rank for rank in self.ranks]
 
     def logs(self) -> list[str]:
         return [rank.log for rank in self.ranks]

@@ -20,32 +20,37 @@ _LAUNCHER_FILES = ("ddp_lab/launch/rank/main.py", "ddp_lab/launch/rank/cell.py",
                    "ddp_lab/launch/live/rank_loop.py")
 
 
+NO_STACK = "(the rank did not answer with a stack)"
+
+
 def collect_stacks(server, pids: dict[int, int], files, offsets=None) -> dict[int, str]:
     """Ask each stuck rank (rank -> pid) for its stack and read them all within
     STACK_WAIT_S: SIGUSR1 makes faulthandler write it from the C signal handler, so it comes
-    even from inside a blocked collective (rank/main.py arms it)."""
+    even from inside a blocked collective (rank/main.py arms it). A rank that exits instead
+    (a peer that is failing too) answers nothing, and costs the others no time."""
     import signal
 
     from ddp_lab.launch.deadlines import STACK_WAIT_S
     for pid in pids.values():
         server.signal(pid, signal.SIGUSR1)
     until = time.monotonic() + STACK_WAIT_S
-    return {rank: read_stack_dump(files.stack(rank), until, (offsets or {}).get(rank, 0))
-            for rank in pids}
+    return read_stack_dumps({rank: files.stack(rank) for rank in pids}, until, offsets or {})
 
 
-def read_stack_dump(path: Path, until: float, offset: int = 0) -> str:
-    """Wait (until the monotonic time ``until``) for the dump to be written, then format it.
-    A live rank's file holds every dump it was asked for: ``offset`` is where this one
-    starts."""
-    text, seen = "", -1
-    while time.monotonic() < until:
-        text = path.read_text()[offset:] if path.exists() else ""
-        if text and len(text) == seen:
-            break
-        seen = len(text)
+def read_stack_dumps(paths: dict[int, Path], until: float, offsets: dict[int, int]) -> dict:
+    """Wait (until the monotonic time ``until``) for every dump to be written, reading them
+    side by side, then format them. A live rank's file holds every dump it was asked for:
+    ``offsets[rank]`` is where this one starts."""
+    texts, seen, pending = dict.fromkeys(paths, ""), dict.fromkeys(paths, -1), set(paths)
+    while pending and time.monotonic() < until:
+        for rank in sorted(pending):
+            path = paths[rank]
+            texts[rank] = path.read_text()[offsets.get(rank, 0):] if path.exists() else ""
+            if texts[rank] and len(texts[rank]) == seen[rank]:
+                pending.discard(rank)
+            seen[rank] = len(texts[rank])
         time.sleep(0.05)
-    return format_dump(text) if text else "(the rank did not answer with a stack)"
+    return {rank: format_dump(text) if text else NO_STACK for rank, text in texts.items()}
 
 
 def format_dump(text: str) -> str:
@@ -62,12 +67,12 @@ def format_dump(text: str) -> str:
 def _without_launcher(frames: list) -> list:
     """Drop the outer frames that are ddp_lab's own start-up, keep the user's calls."""
     start = 0
-    while start < len(frames) - 1 and _is_launcher_file(frames[start][0]):
+    while start < len(frames) - 1 and is_launcher_file(frames[start][0]):
         start += 1
     return frames[start:]
 
 
-def _is_launcher_file(file: str) -> bool:
+def is_launcher_file(file: str) -> bool:
     return file.replace("\\", "/").endswith(_LAUNCHER_FILES)
 
 
@@ -82,7 +87,7 @@ def _split_threads(text: str) -> list[tuple[str, list[tuple[str, int, str]]]]:
 
 
 def _is_launcher_thread(frames) -> bool:
-    return any(_is_launcher_file(f[0]) and f[2] == "watch" for f in frames)
+    return any(is_launcher_file(f[0]) and f[2] == "watch" for f in frames)
 
 
 def _frame_text(frame: tuple[str, int, str]) -> str:
