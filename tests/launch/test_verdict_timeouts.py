@@ -122,3 +122,44 @@ def test_notebook_08_straggler_names_rank_2_not_rank_0():
 def test_timeouts_are_recognised(message, timed_out):
     assert is_timeout({"type": "RuntimeError", "message": message}) is timed_out
     assert not is_timeout(None)
+
+
+TIMED_OUT = {"type": "RuntimeError", "message": "Timed out waiting 1000ms for recv operation",
+             "traceback": 'Traceback (most recent call last):\n  File "<cell>", line 4, in f\n'
+                          '  File "/site/torch/distributed/distributed_c10d.py", line 3252, '
+                          'in all_reduce\nRuntimeError: Timed out waiting 1000ms', "time": 10.0}
+
+
+def _conclude(tmp_path, ranks, errors, stacks_at_failure=None):
+    from ddp_lab.launch.config import LaunchConfig, RunFiles, write_pickle
+    from ddp_lab.launch.verdict.outcome import conclude
+    from ddp_lab.launch.verdict.record import RankRecord, RunRecord
+    files = RunFiles(tmp_path)
+    for rank, record in errors.items():
+        write_pickle(files.error(rank), record)
+    config = LaunchConfig(world_size=len(ranks), backend="gloo", timeout=30.0, env={})
+    records = tuple(RankRecord(r, *how, "") for r, how in enumerate(ranks))
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        conclude(RunRecord(config, records, files, 1.0,
+                           stacks_at_failure=stacks_at_failure or {}))
+    return caught.value
+
+
+def test_a_rank_killed_with_no_evidence_is_not_blamed(tmp_path):
+    """torchrun's agent kills the other workers at once: nothing says where they were, so
+    the plain verdict stands rather than a guess."""
+    stopped = (-15, 10.5, True)
+    err = _conclude(tmp_path, [stopped, (1, 10.0, False), stopped], {1: TIMED_OUT})
+    assert err.victims == {} and err.rank == 1
+
+
+def test_a_stack_in_own_code_makes_the_absent_rank_the_cause(tmp_path):
+    stopped = (-9, 12.0, True)
+    stack = 'Stack (oldest call first):\n  File "<cell>", line 2, in f\n    time.sleep(5)'
+    err = _conclude(tmp_path, [(1, 10.0, False), (1, 10.0, False), stopped],
+                    {0: TIMED_OUT, 1: TIMED_OUT}, {2: stack})
+    assert err.rank == 2 and sorted(err.victims) == [0, 1] and err.traceback == stack
+    assert str(err).startswith("rank 2 never joined the all_reduce that ranks 0, 1 waited in; "
+                               "they timed out (victims). It was still in its own code when "
+                               "they gave up (f, <cell> line 2: time.sleep(5))")
+    assert err.hint.startswith("Rank 2 was stopped by the launcher after they had gone.")

@@ -75,12 +75,13 @@ def never_joined(run: RunRecord, failed: list[RankRecord], records: dict,
     place, _ = Counter(places.values()).most_common(1)[0]
     waited = [r for r in took_part if places.get(r) == place or
               _was_there(run.stacks_at_failure, r, records.get(r), place)]
-    absent = [r for r in took_part if r not in waited]
-    if not absent:
-        return None
-    victims = [s for s in failed if s.rank in waited]
     gave_up = min(records[s.rank]["time"] for s in timed_out if places[s.rank] == place)
     by_rank = {s.rank: s for s in run.ranks}
+    absent = [r for r in took_part if r not in waited and
+              _seen_elsewhere(run, by_rank[r], records.get(r), gave_up)]
+    if not absent:  # no rank is known to have been elsewhere: the plain verdict stands
+        return None
+    victims = [s for s in failed if s.rank in waited]
     cause = by_rank[absent[0]]
     whereabouts, evidence, later = _where(run, cause, records.get(cause.rank), gave_up)
     return Absence(cause, absent, {v.rank: _one_line(records[v.rank]) if v.rank in records
@@ -96,6 +97,16 @@ def _was_there(stacks: dict, rank: int, record: dict | None, place) -> bool:
         return _place(stacks[rank]) == place
     from ddp_lab.launch.verdict.outcome import looks_like_knock_on
     return looks_like_knock_on(record) and _place(record["traceback"]) == place
+
+
+def _seen_elsewhere(run: RunRecord, rank: RankRecord, record: dict | None,
+                    gave_up: float) -> bool:
+    """Whether anything says where a rank that did not wait with the victims was: its
+    stack, its own error, or an end before they gave up. A rank killed by the launcher
+    with neither (torchrun's agent stops the others at once) is not blamed on no evidence."""
+    ended_first = (rank.exit_time or gave_up) < gave_up
+    return (_in_user_code(run.stacks_at_failure.get(rank.rank, NO_STACK))
+            or record is not None or ended_first)
 
 
 def _place(traceback: str) -> tuple[str, tuple | None]:
