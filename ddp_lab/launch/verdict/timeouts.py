@@ -187,7 +187,7 @@ def _later(rank: RankRecord, record: dict | None) -> str:
 
 def advice(absence: Absence) -> str:
     """The hint: its later fate, then what to do about a late rank."""
-    return "\n".join(filter(None, [absence.later, (
+    return "\n\n".join(filter(None, [absence.later, (
         "A collective waits for every rank of its group, up to the process group's timeout: "
         f"find why rank {absence.cause.rank} was not there in time (slow work of its own, "
         "another collective, uneven data, a crash), or give init_process_group a timeout "
