@@ -34,7 +34,7 @@ from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.output.run_loop import RunLoop
 from ddp_lab.launch.verdict.rank_state import RankState
 from ddp_lab.launch.verdict.record import RunRecord
-from ddp_lab.launch.verdict.timeouts import still_waited_for
+from ddp_lab.launch.verdict.timeouts import stacks_at_timeout
 
 
 @dataclass
@@ -176,7 +176,7 @@ class Session:
             return now + 0.05  # only exit reports are still to come
         first = self._first_failure()
         if first is not None and self.stacks_at_failure is None:  # once: verdict/timeouts.py
-            self.stacks_at_failure = self._collect_stacks(still_waited_for(self.files, self.ranks))
+            self.stacks_at_failure = stacks_at_timeout(self.files, self.ranks, self._collect_stacks)
         due = self.deadline.due(now, first)
         if due == GRACE_OVER:
             for state in running:

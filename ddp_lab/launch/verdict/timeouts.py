@@ -36,14 +36,15 @@ def is_timeout(record: dict | None) -> bool:
                                       for sign in TIMEOUT_SIGNS)
 
 
-def still_waited_for(files, ranks) -> list[int]:
-    """The ranks still running, once a failed rank's error is a timeout (else []): the
-    session takes their stacks at that moment, which say who never joined the collective.
-    A rank that has written its error is on its way out and would answer nothing."""
-    failed = [s.rank for s in ranks if s.exitcode not in (None, 0)]
-    if not any(is_timeout(read_pickle(files.error(rank))) for rank in failed):
-        return []
-    return [s.rank for s in ranks if s.running and not files.error(s.rank).exists()]
+def stacks_at_timeout(files, ranks, collect) -> dict[int, str] | None:
+    """Once some rank's error is a timeout: the stacks (``collect(ranks)``) of the ranks
+    still running without an error of their own, which say who never joined the collective;
+    None until then (the session asks again on its next turn: a knock-on failure may come
+    first, from a victim that closed its connections before it had written its error)."""
+    errors = [read_pickle(files.error(state.rank)) for state in ranks]
+    if not any(is_timeout(error) for error in errors):
+        return None
+    return collect([s.rank for s, error in zip(ranks, errors) if s.running and error is None])
 
 
 @dataclass(frozen=True)
