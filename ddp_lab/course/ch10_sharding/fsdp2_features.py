@@ -153,9 +153,11 @@ def one_process_grads(config: TrainConfig = FEATURES_MODEL, max_norm: float | No
 def clipping(config: TrainConfig = FEATURES_MODEL, max_norm: float = 0.1) -> dict:
     """``clip_grad_norm_`` on FSDP2's sharded gradients: each rank's norms cover its shards
     only (DTensor ``Partial``), so the total norm needs one all-reduce. DTensor issues it
-    inside its own handling of an op, below where ``CollectiveTrace`` watches (a dispatch
-    mode sees the DTensor op, not what it runs inside), so torch's ``CommDebugMode``, made
-    for DTensor, counts it here. The norm and the clipped gradients, gathered afterwards."""
+    inside its ``__torch_dispatch__``; a dispatch mode that defers to the subclass stays on
+    the mode stack while it runs and sees that all-reduce, so both ``CollectiveTrace`` and
+    torch's ``CommDebugMode`` (T/distributed/tensor/debug/_comm_mode.py) record it; this
+    function counts it with ``CommDebugMode``. The norm and the clipped gradients, gathered
+    afterwards."""
     from torch.distributed.tensor.debug import CommDebugMode
     model = fsdp2_torch(config).model
     traced_backward(model, config)
