@@ -113,7 +113,9 @@ def tour() -> dict:
 
 def coalesced(sizes=(3, 5, 2)) -> dict:
     """Several all_reduce calls inside ``dist._coalescing_manager`` (torch/distributed/
-    distributed_c10d.py; a private API that FSDP and batch_isend_irecv build on) run as one
+    distributed_c10d.py; a private API that batch_isend_irecv builds on; FSDP2 does not use
+    it: it copies into one flat buffer and issues one all_gather_single /
+    reduce_scatter_single, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) run as one
     ``allreduce_coalesced_`` op: one round of messages for all of them, no copy by hand."""
     tensors = [torch.full((n,), float(dist.get_rank() + 1)) for n in sizes]
     with CollectiveTrace() as trace:
