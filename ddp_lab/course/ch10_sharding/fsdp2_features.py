@@ -110,6 +110,26 @@ def hsdp(config: TrainConfig = FEATURES_MODEL) -> dict:
             "counts": trace.counts(), **train(setup, config)}
 
 
+def hsdp_accumulation(config: TrainConfig = FEATURES_MODEL, micro_batches: int = 3) -> dict:
+    """HSDP's middle way for gradient accumulation: ``set_requires_all_reduce(False)``
+    (T/distributed/fsdp/_fully_shard/_fully_shard.py:437-451) keeps each micro-batch's
+    reduce-scatter, so a rank holds only its *sharded* gradient between micro-batches, and
+    defers only the all-reduce across replicas to the last one
+    (``set_requires_gradient_sync(False)`` switches both off, :413-435). The collectives of
+    the micro-batches and the accumulated gradient (gathered after the count)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("replicate", "shard"))
+    model = fsdp2_torch(config, mesh=mesh).model
+    x, y = global_batch(config, 0)
+    pieces = zip(my_rows(x).chunk(micro_batches), my_rows(y).chunk(micro_batches))
+    with CollectiveTrace(n) as trace:
+        for i, (xi, yi) in enumerate(pieces):
+            model.set_requires_all_reduce(i == micro_batches - 1)
+            (_loss(model, xi, yi) / micro_batches).backward()
+    return {"counts": trace.counts(), "grads": _full_grads(model)}
+
+
 def accumulate(model: nn.Module, config: TrainConfig, micro_batches: int,
                sync_each: bool) -> CollectiveTrace:
     """One step's gradient from ``micro_batches`` slices of this rank's rows: each backward
@@ -155,24 +175,27 @@ def clipping(config: TrainConfig = FEATURES_MODEL, max_norm: float = 0.1) -> dic
     only (DTensor ``Partial``), so the total norm needs one all-reduce. DTensor issues it
     inside its ``__torch_dispatch__``; a dispatch mode that defers to the subclass stays on
     the mode stack while it runs and sees that all-reduce, so both ``CollectiveTrace`` and
-    torch's ``CommDebugMode`` (T/distributed/tensor/debug/_comm_mode.py) record it; this
-    function counts it with ``CommDebugMode``. The norm and the clipped gradients, gathered
-    afterwards."""
+    torch's ``CommDebugMode`` (T/distributed/tensor/debug/_comm_mode.py) record it: both
+    watch the same call here, ``CommDebugMode``'s counts in ``counts``, ``CollectiveTrace``'s
+    calls (name, bytes, group size) in ``calls``. The norm and the clipped gradients,
+    gathered afterwards."""
     from torch.distributed.tensor.debug import CommDebugMode
     model = fsdp2_torch(config).model
     traced_backward(model, config)
-    with CommDebugMode() as comm:
+    with CollectiveTrace(dist.get_world_size()) as trace, CommDebugMode() as comm:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     counts = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
     return {"norm": norm.full_tensor().item(), "norm_placements": norm.placements,
-            "counts": counts, "grads": _full_grads(model)}
+            "counts": counts, "calls": [(c.name, c.nbytes, c.group_size) for c in trace.calls],
+            "grads": _full_grads(model)}
 
 
 def every_feature(config: TrainConfig = FEATURES_MODEL) -> dict:
     """All of section 8's demos, one after the other in the same ranks (an even world size:
     HSDP splits it into replicas of 2)."""
     return {"mixed precision": mixed_precision(config), "cpu offload": cpu_offload(config),
-            "hsdp": hsdp(config), "accumulation": gradient_accumulation(config),
+            "hsdp": hsdp(config), "hsdp accumulation": hsdp_accumulation(config),
+            "accumulation": gradient_accumulation(config),
             "clipping": clipping(config), "meta init": fsdp2_lifecycle.meta_init(config),
             "resume": fsdp2_lifecycle.resume_from_checkpoint(config),
             "fsdp1 vs fsdp2": fsdp2_lifecycle.fsdp1_and_fsdp2(config)}

@@ -175,10 +175,18 @@ def _save_and_resume(folder: str, config: TrainConfig, saved_after: int) -> dict
 def fsdp1_and_fsdp2(config: TrainConfig) -> dict:
     """What each rank's model holds as parameters: FSDP1 flattens a wrapped module's
     parameters into one padded 1-D ``FlatParameter`` and keeps this rank's slice of it;
-    FSDP2 keeps every parameter as its own DTensor, sharded on dim 0."""
+    FSDP2 keeps every parameter as its own DTensor, sharded on dim 0. What FSDP1 does *not*
+    hide: its default ``state_dict()`` (``FULL_STATE_DICT``) gathers full tensors under the
+    original names, and with ``use_orig_params=True`` ``named_parameters()`` (what an
+    optimizer is given) lists the original parameters, as views of this rank's slice."""
     from torch.distributed.fsdp import FullyShardedDataParallel
     fsdp1 = FullyShardedDataParallel(make_model(config), device_id=torch.device("cpu"))
+    original = FullyShardedDataParallel(make_model(config), device_id=torch.device("cpu"),
+                                        use_orig_params=True)
     fsdp2 = fsdp2_torch(config).model
     return {"FSDP1": [(name, type(p).__name__, tuple(p.shape)) for name, p in fsdp1.named_parameters()],
+            "FSDP1 state_dict()": [(key, tuple(t.shape)) for key, t in fsdp1.state_dict().items()],
+            "FSDP1 use_orig_params=True": [(name, type(p).__name__, tuple(p.shape))
+                                           for name, p in original.named_parameters()],
             "FSDP2": [(name, type(p).__name__, tuple(p.to_local().shape))
                       for name, p in fsdp2.named_parameters()]}
