@@ -139,13 +139,10 @@ def pytest_addoption(parser):
 
 @pytest.fixture(scope="session")
 def warm_fork_server():
-    """DDP's constructor imports torch._dynamo; the fork server imports it once it has been
-    idle a moment after its first run (launch/forkserver/server.py). Wait for that here, once (the
-    exercise tests run one after another on that server), so each exercise's DDP check
-    starts in a fraction of a second, as in a notebook."""
+    """Start the fork server once, here, before the tests that use it (the exercise tests
+    run one after another on that server): it imports torch and torch._dynamo, which DDP's
+    constructor uses, before its first run (launch/forkserver/server.py)."""
     ddp_lab.run(_nothing, 1, echo=False)
-    time.sleep(1.0)
-    ddp_lab.run(_nothing, 1, echo=False)  # served once the deferred import is done
 
 
 def _nothing():

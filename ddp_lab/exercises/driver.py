@@ -63,15 +63,6 @@ def full_bits_tensor(seed: int, world_size: int, *salt: int) -> torch.Tensor:
     return torch.randn(shape, generator=generator(seed, *salt)) * 1000
 
 
-def warm_fork_server() -> None:
-    """Have the fork server import what DDP and the checkers' dispatch mode use (torch._dynamo
-    and the rest of ``forkserver.server.WARM``) before it forks the trial's ranks: otherwise
-    each rank of a cold server imports them itself, seconds on a busy machine, inside the
-    trial's hang clock. A no-op round trip once the server is warm."""
-    from ddp_lab.launch.forkserver.client import get_fork_server
-    get_fork_server().warm_up()
-
-
 def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = "",
               timeout: float = HANG_S, explain=None) -> list:
     """``ddp_lab.run(worker, world_size, args)``'s values, or ExerciseFailed.
@@ -84,7 +75,6 @@ def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = 
     printed): it leads the message.
     """
     import ddp_lab
-    warm_fork_server()
     try:
         return ddp_lab.run(worker, world_size=world_size, args=args, backend="gloo",
                            timeout=timeout, echo=False).values

@@ -70,6 +70,7 @@ class Session:
         self.timed_out = False
         self.stacks: dict[int, str] = {}
         self.stacks_at_failure: dict[int, str] | None = None  # taken once: verdict/timeouts.py
+        self.called = time.monotonic()  # res.seconds: the call's wall time, from here
         self.seconds = 0.0
         self.run_ended = False
 
@@ -161,7 +162,7 @@ class Session:
         # echo may lag): read it all before the run returns, or res.logs lose their tails
         for out in self.output.read_to_the_end(DRAIN_QUIET_S, self.clock.limit):
             self._show(out)
-        self.seconds = time.monotonic() - self.deadline.started
+        self.seconds = time.monotonic() - self.called
 
     def loop(self, heartbeat=None) -> RunLoop:
         """The run loop over the ranks' output, the fork server's answers between reads."""

@@ -249,7 +249,6 @@ def test_a_fork_server_stopped_mid_run_ends_the_run(tmp_path, stopped_server_is_
 
 def test_a_fork_server_stopped_before_the_run_ends_the_run(stopped_server_is_released):
     ddp_lab.run(torch.distributed.get_rank, 1, echo=False)
-    ddp_lab.launch.forkserver.client.get_fork_server().wait_ready()  # done warming up: idle, ready
     server = ddp_lab.launch.forkserver.client.fork_server_pid()
     stopped_server_is_released.append(server)
     os.kill(server, signal.SIGSTOP)

@@ -87,7 +87,7 @@ DRIVER = textwrap.dedent(r"""
     seed, runs = int(sys.argv[1]), int(sys.argv[2])
     rng = random.Random(seed)
     shm_before = set(os.listdir("/dev/shm"))
-    for i in range(3):  # warm: the fork server, torch, its second round of imports
+    for i in range(3):  # warm: the fork server and its imports, the first runs
         assert once(i + 1, None)[0] == "ok"
     durations = []
     for i in range(5):  # then time warm runs: the span the interrupts are spread over

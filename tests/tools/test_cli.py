@@ -75,30 +75,35 @@ def test_bench_launch_reports_every_launcher_and_leaves_no_folder(tmp_path):
     missed = "MISSED" in out.stdout
     assert out.returncode == (1 if missed else 0), out.stderr
     assert ("a target was MISSED" in out.stderr) == missed
-    for launcher in ("torchrun", "mp.spawn script", "ddp_lab cold", "ddp_lab warm"):
+    for launcher in ("torchrun", "mp.spawn script", "ddp_lab cold", "ddp_lab warm",
+                     "ddp_lab call 1", "ddp_lab call 2", "ddp_lab call 3"):
         assert launcher in out.stdout
     assert "faster than torchrun (target >= 15x)" in out.stdout
     assert "torchrun's time (target <= 0.6x)" in out.stdout
+    assert "call 2 takes" in out.stdout and "its call 3 (target <= 2x)" in out.stdout
     assert not list(tmp_path.glob("torchelastic_*")), sorted(tmp_path.iterdir())
     assert not list(tmp_path.glob("ddp_lab_bench-*")), "the bench's --log-dir was left behind"
     assert not list(tmp_path.glob("ddp_lab-*")), "a run folder was left behind"
 
 
 def test_report_and_figure_come_from_the_measurements():
+    firsts = {"ddp_lab call 1": [1.5], "ddp_lab call 2": [0.12], "ddp_lab call 3": [0.1]}
     times = LaunchTimes(4, {"torchrun": [4.0, 5.0], "mp.spawn script": [4.5],
-                            "ddp_lab cold": [2.0], "ddp_lab warm": [0.1, 0.2, 0.3]})
+                            "ddp_lab cold": [2.0], "ddp_lab warm": [0.1, 0.2, 0.3], **firsts})
     assert times.warm_speedup == pytest.approx(22.5)
     assert times.cold_ratio == pytest.approx(2.0 / 4.5)
+    assert times.second_call_ratio == pytest.approx(1.2)
     report = format_report(times)
-    assert "22.5x faster" in report and ": met" in report
+    assert "22.5x faster" in report and ": met" in report and "1.20x its call 3" in report
     assert missed_targets(times) == [] and "MISSED" not in report
-    slow = LaunchTimes(4, {"torchrun": [4.0], "ddp_lab cold": [3.0], "ddp_lab warm": [1.0]})
-    assert missed_targets(slow) == ["warm speed-up", "cold ratio"]
-    assert format_report(slow).count("MISSED") == 2
+    slow = LaunchTimes(4, {"torchrun": [4.0], "ddp_lab cold": [3.0], "ddp_lab warm": [1.0],
+                           **firsts, "ddp_lab call 2": [1.1]})
+    assert missed_targets(slow) == ["warm speed-up", "cold ratio", "second call"]
+    assert format_report(slow).count("MISSED") == 3
     fig = launch_latency(times)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == list(times.seconds)
-    assert [round(p.get_width(), 3) for p in ax.patches] == [4.5, 4.5, 2.0, 0.2]
+    assert [round(p.get_width(), 3) for p in ax.patches] == [4.5, 4.5, 2.0, 0.2, 1.5, 0.12, 0.1]
 
 
 def test_bench_allreduce_prints_the_table_and_saves_the_figures(tmp_path, capsys):

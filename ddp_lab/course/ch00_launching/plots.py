@@ -14,7 +14,9 @@ def launch_latency(times) -> Figure:
     medians = [statistics.median(times.seconds[n]) for n in names]
     fig = Figure(figsize=(7, 3.2), layout="constrained")
     ax = fig.subplots()
-    bars = ax.barh(names, medians, color=["#8c8c8c", "#b0b0b0", "#4c72b0", "#55a868"][:len(names)])
+    peers = {"torchrun": "#8c8c8c", "mp.spawn script": "#b0b0b0", "ddp_lab cold": "#4c72b0",
+             "ddp_lab call 1": "#4c72b0"}
+    bars = ax.barh(names, medians, color=[peers.get(n, "#55a868") for n in names])
     for row, name in enumerate(names):
         ax.plot(times.seconds[name], [row] * len(times.seconds[name]), "k.", alpha=0.6)
     ax.bar_label(bars, labels=[f"{m:.2f} s" for m in medians], padding=8)

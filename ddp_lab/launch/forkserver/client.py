@@ -22,7 +22,7 @@ from ddp_lab.launch.deadlines import CLOSE_WAIT_S, SEND_TIMEOUT_S, SPAWN_REPLY_T
 from ddp_lab.launch.errors import ForkServerUnresponsive
 from ddp_lab.launch.forkserver import process_tree, protocol
 from ddp_lab.launch.forkserver.protocol import (EndRun, NetReady, NetUp, Ready, RunEnded,
-                                                ServerDied, SignalRank, SpawnRank, Warm, Warming)
+                                                ServerDied, SignalRank, SpawnRank)
 from ddp_lab.launch.interrupts import deferred
 
 
@@ -67,13 +67,6 @@ class ForkServer:
             self._send(SignalRank(pid, signum))
         except ForkServerDied:
             pass  # dead: it killed every rank on its way out; wedged: the caller kills it
-
-    def warm_up(self) -> None:
-        """Have the server import what runs use later (server.WARM) before it forks, and
-        wait until it has: live ranks would each import it otherwise."""
-        self.ready.clear()
-        self._send(Warm())
-        self.wait_ready()
 
     def end_run(self, run_dir: str, events: queue.Queue) -> None:
         """Ask for ``RunEnded`` in ``events`` once the run's leftovers are gone."""
@@ -122,8 +115,8 @@ class ForkServer:
             self._route(message)
 
     def wait_ready(self) -> None:
-        """Wait while the server imports: torch when it is new, torch._dynamo and the
-        sharding packages after its first run (server.WARM); otherwise it is ready at once.
+        """Wait while a new server imports torch and what runs use later (server.PRELOAD and
+        WARM); once it has said "ready", at once.
 
         A run starts its deadline only after this, so a short ``timeout`` is not eaten by
         an import, which takes seconds, and many more on busy cores. A server that is
@@ -144,10 +137,10 @@ class ForkServer:
                 "torch\"` says whether this environment can); run again to start a new one")
 
     def _route(self, message) -> None:
-        """The server's own state (``Ready``, ``Warming``) is kept here; every other answer
-        belongs to a run and goes to that run's queue as it is (session.py handles it)."""
-        if isinstance(message, (Ready, Warming)):
-            return self.ready.set() if isinstance(message, Ready) else self.ready.clear()
+        """The server's own state (``Ready``) is kept here; every other answer belongs to a
+        run and goes to that run's queue as it is (session.py handles it)."""
+        if isinstance(message, Ready):
+            return self.ready.set()
         if isinstance(message, NetReady) and message.store_host is not None:
             self.store_host = message.store_host
         with self._routes_lock:

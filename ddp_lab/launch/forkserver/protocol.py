@@ -49,12 +49,6 @@ class EndRun:
 
 
 @dataclass(frozen=True)
-class Warm:
-    """Import WARM now if no run is going (live ranks); answered by ``Ready`` (after
-    ``Warming`` if it imports)."""
-
-
-@dataclass(frozen=True)
 class NetUp:
     """Host the run's store; for a shaped run, build its network too (network/switch.py),
     which only the server started for shaped runs can. Answered by ``NetReady``."""
@@ -67,12 +61,8 @@ class NetUp:
 # -- server -> launcher -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ready:
-    """torch is imported (PRELOAD; after ``Warming``: WARM too): runs may start."""
-
-
-@dataclass(frozen=True)
-class Warming:
-    """Importing WARM: a run waits for ``Ready`` before it starts its clock."""
+    """torch and what runs use later are imported (PRELOAD, WARM): runs may start. Sent
+    once, when the server has started."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Jupyter kernel) and never initializes CUDA or OpenMP threads itself, forking it 
 when the kernel has touched the GPU.
 
 The messages it answers and sends are protocol.py's (``SpawnRank`` -> ``Spawned``, then
-``Exited``; ``SignalRank``; ``EndRun`` -> ``RunEnded``; ``Warm`` -> ``Ready``; ``NetUp`` ->
+``Exited``; ``SignalRank``; ``EndRun`` -> ``RunEnded``; ``NetUp`` ->
 ``NetReady``), handled in one place, ``Server._on_message``. When the launcher goes away
 (end of file on the socket) every rank and leftover is killed and the server exits.
 """
@@ -27,7 +27,7 @@ import warnings
 from ddp_lab.launch.deadlines import SERVER_POLL_S
 from ddp_lab.launch.forkserver import process_tree, protocol
 from ddp_lab.launch.forkserver.protocol import (EndRun, Exited, NetReady, NetUp, Ready, RunEnded,
-                                                SignalRank, SpawnRank, Spawned, Warm, Warming)
+                                                SignalRank, SpawnRank, Spawned)
 from ddp_lab.launch.forkserver.reaper import Reaper
 from ddp_lab.launch.forkserver.store_host import Stores
 from ddp_lab.launch.network.rendezvous import LOOPBACK
@@ -36,17 +36,17 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn", "torch.optim", "torch.nn.pa
            "cloudpickle", "numpy", "psutil", "ddp_lab.launch.rank.main")
 # DDP's constructor imports torch._dynamo (~1-3 s per rank, far more on busy cores, and every
 # rank of a run pays it at once); it brings FSDP and DTensor along, and the checkpoint package
-# (notebooks 10 and 11) costs a fraction of a second more. Imported before the first run, they
-# would slow every cold start; so the server imports them as soon as its first run is over,
-# saying "warming" first: a launcher then waits for "ready" before it starts a run's clock
-# (client.ForkServer.wait_ready), and its ranks are forked with them loaded. Ranks forked
-# with torch._dynamo loaded made a race in torch's teardown likelier (the DDP tutorial's
-# cleanup() hung); rank/main.py defuses it for every rank, see rank/teardown.py.
+# (notebooks 10 and 11) costs a fraction of a second more. The server imports them before it
+# says "ready", with torch: the first call pays about a second more, and every later call,
+# the second included, is warm (a server that imported them after its first run made the
+# second call wait for that import instead). Ranks forked with torch._dynamo loaded made a
+# race in torch's teardown likelier (the DDP tutorial's cleanup() hung); rank/main.py
+# defuses it for every rank, see rank/teardown.py.
 WARM = ("torch._dynamo", "torch.distributed.fsdp", "torch.distributed.checkpoint")
 
 
 def preload() -> None:
-    for name in PRELOAD:
+    for name in PRELOAD + WARM:
         importlib.import_module(name)
 
 
@@ -63,8 +63,6 @@ class Server:
         self.wake_w = wake_w
         self.switch = None  # switch.Switch, made by the first shaped run
         self.stores = Stores(self.reaper.own)  # every run's store, in a child (store_host.py)
-        self.warm = False  # WARM imported
-        self.warming = False  # announced: import WARM once this loop turn is over
 
     def serve(self) -> None:
         selector = selectors.DefaultSelector()
@@ -77,23 +75,6 @@ class Server:
                     return self.shutdown()
             if not self._tidy():
                 return self.shutdown()
-            if self.warming and not self._warm_up():
-                return self.shutdown()
-
-    def _warm_up(self) -> bool:
-        for name in WARM:
-            importlib.import_module(name)
-        self.warm, self.warming = True, False
-        return self._tell(Ready())
-
-    def _warm_on_request(self) -> bool:
-        """Live ranks use what a later run would find imported: import it before they are
-        forked, once, rather than in each of them. Only with no other run going (the
-        import blocks this loop); either way the answer is "ready" (after "warming")."""
-        if self.warm or self.warming or self.reaper.groups or self.ending:
-            return self._tell(Ready())
-        self.warming = True
-        return self._tell(Warming())
 
     def _select_timeout(self) -> float | None:
         if self.reaper.doomed or self.ending:  # leftovers do not all wake us when they exit
@@ -118,8 +99,6 @@ class Server:
                 self.signal_rank(pid, signum)
             case NetUp(run_dir, world_size, plan):
                 return self.net_up(run_dir, world_size, plan)
-            case Warm():
-                return self._warm_on_request()
             case EndRun(run_dir):
                 self.ending.add(run_dir)
                 self.reaper.sweep()
@@ -209,20 +188,9 @@ class Server:
             self.stores.close(run)
             if self.switch is not None:
                 self.switch.down(run)
-            # "warming" goes before "run-ended": the launcher knows before its run returns
-            # that the next one must wait for "ready"
-            if not (self._announce_warming() and self._tell(RunEnded(run))):
+            if not self._tell(RunEnded(run)):
                 return False
         return True
-
-    def _announce_warming(self) -> bool:
-        """Only when no other run is known (running, or ended but not yet put down): the
-        import blocks this loop for seconds, which a run waiting for its end would take
-        for a wedged server."""
-        if self.warm or self.warming or self.reaper.groups or self.ending:
-            return True
-        self.warming = True
-        return self._tell(Warming())
 
     def _tell(self, message) -> bool:
         try:

@@ -62,10 +62,6 @@ class LiveSession(Session):
         self.lost: str | None = None  # why no more calls can run (a rank died, or would not stop)
 
     # -- start ----------------------------------------------------------------------------
-    def _start_clock(self) -> None:
-        self.server.warm_up()  # once per fork server: the first live ranks wait for it
-        super()._start_clock()
-
     def _spawn(self, state: RankState) -> None:
         """A one-shot rank's spawn plus the call and reply pipes (the fork server passes them
         on)."""
