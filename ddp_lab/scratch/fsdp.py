@@ -5,7 +5,7 @@ Each rank keeps 1/world_size of every parameter: a flat fp32 shard (padded so th
 parameter splits evenly). The optimizer sees only the shards. Per module that owns
 parameters (a "unit", here every such submodule):
 
-- before its forward, ``all_gather_into_tensor`` rebuilds the full weights (cast to
+- before its forward, ``all_gather_single`` rebuilds the full weights (cast to
   ``compute_dtype`` first, if given: half the bytes on the wire and in the matmul);
 - after its forward the full weights are dropped. Autograd would keep them alive for
   backward, so a ``saved_tensors_hooks`` pair stores a small token instead and all-gathers
@@ -60,7 +60,7 @@ class ParamSpec:
 def padded_flat(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
     """``tensor`` flattened and zero-padded to a multiple of ``world_size``: what a
     reduce-scatter or an all-gather into one tensor needs, equal parts on every rank
-    (``reduce_scatter_tensor``'s input "is of size output tensor size times world size",
+    (``reduce_scatter_single``'s input "is of size output tensor size times world size",
     torch/distributed/distributed_c10d.py). The zeros add nothing to a sum."""
     return F.pad(tensor.flatten(), (0, (-tensor.numel()) % world_size))
 
@@ -74,7 +74,7 @@ def gather_full(shard: torch.Tensor, spec: ParamSpec, dtype: torch.dtype) -> tor
     """All-gather every rank's shard (in ``dtype``) and cut the padding off: the full weight."""
     piece = shard.detach().to(dtype)
     flat = torch.empty(piece.numel() * dist.get_world_size(), dtype=dtype)
-    dist.all_gather_into_tensor(flat, piece)
+    dist.all_gather_single(flat, piece)
     return flat[: spec.numel].view(spec.shape)
 
 
@@ -92,7 +92,7 @@ class _GatherParam(torch.autograd.Function):
         world = dist.get_world_size()
         flat = padded_flat(grad_full.float(), world)
         out = torch.empty(flat.numel() // world)
-        work = dist.reduce_scatter_tensor(out, flat, async_op=True)
+        work = dist.reduce_scatter_single(out, flat, async_op=True)
         ctx.wrapper.pending.append((ctx.spec.name, out, work))
         return None, None, None, None
 

@@ -6,6 +6,7 @@ checks every one with a single parametrized test. Data and functions only, no te
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -13,8 +14,10 @@ import torch.distributed._functional_collectives as fc
 import torch.distributed.nn.functional as differentiable
 import torch.nn.functional as F
 from torch.distributed import all_gather_into_tensor as imported_all_gather_into_tensor
+from torch.distributed import all_gather_single as imported_all_gather_single
 from torch.distributed import all_reduce as imported_all_reduce
 from torch.distributed import broadcast as imported_broadcast
+from torch.distributed import reduce_scatter_single as imported_reduce_scatter_single
 from torch.distributed import reduce_scatter_tensor as imported_reduce_scatter_tensor
 from torch.distributed.distributed_c10d import _get_default_group
 
@@ -181,7 +184,7 @@ def _padded(g):
 def sums_instead_of_averaging(g):
     flat = _padded(g)
     out = torch.empty(flat.numel() // dist.get_world_size())
-    dist.reduce_scatter_tensor(out, flat)
+    dist.reduce_scatter_single(out, flat)
     return out
 
 
@@ -192,7 +195,7 @@ def keeps_own_gradient(g):
 def forgets_padding(g):
     world = dist.get_world_size()
     out = torch.empty(g.numel() // world)
-    dist.reduce_scatter_tensor(out, g.flatten())
+    dist.reduce_scatter_single(out, g.flatten())
     return out / world
 
 
@@ -266,6 +269,22 @@ def all_gather_with_an_imported_name(g):
     return _mine(every.view(world, -1).sum(0))
 
 
+def all_gather_single_with_an_imported_name(g):
+    flat, world = _padded(g), dist.get_world_size()
+    every = torch.empty(world * flat.numel())
+    imported_all_gather_single(every, flat)
+    return _mine(every.view(world, -1).sum(0))
+
+
+def reduce_scatters_the_wrong_half(g):
+    """The right collective on a flat gradient split the wrong way: each rank's part r is
+    taken from the gradient reversed, so every value of the shard is someone else's."""
+    flat = _padded(g).flip(0)
+    shard = _empty_shard(flat)
+    dist.reduce_scatter_single(shard, flat)
+    return shard / dist.get_world_size()
+
+
 def all_gather_through_distributed_c10d(g):
     flat, world = _padded(g), dist.get_world_size()
     every = [torch.empty_like(flat) for _ in range(world)]
@@ -276,7 +295,7 @@ def all_gather_through_distributed_c10d(g):
 def reduce_scatters_in_half_precision(g):
     flat = _padded(g).half()
     shard = torch.empty(flat.numel() // dist.get_world_size(), dtype=torch.float16)
-    dist.reduce_scatter_tensor(shard, flat)
+    dist.reduce_scatter_single(shard, flat)
     return shard.float() / dist.get_world_size()
 
 
@@ -314,14 +333,31 @@ def _empty_shard(flat):
 def reduce_scatter_averaging(g):
     flat = _padded(g)
     shard = _empty_shard(flat)
-    dist.reduce_scatter_tensor(shard, flat, op=dist.ReduceOp.AVG)  # gloo: SUM, then divide
+    dist.reduce_scatter_single(shard, flat, op=dist.ReduceOp.AVG)  # gloo: SUM, then divide
     return shard
 
 
 def reduce_scatter_with_an_imported_name(g):
     flat = _padded(g)
     shard = _empty_shard(flat)
+    imported_reduce_scatter_single(shard, flat)
+    return shard / dist.get_world_size()
+
+
+def reduce_scatter_with_an_imported_deprecated_name(g):
+    flat = _padded(g)
+    shard = _empty_shard(flat)
     imported_reduce_scatter_tensor(shard, flat)
+    return shard / dist.get_world_size()
+
+
+def reduce_scatter_with_the_deprecated_name(g):
+    """torch 2.13's old spelling: forwards to reduce_scatter_single with a FutureWarning."""
+    flat = _padded(g)
+    shard = _empty_shard(flat)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.reduce_scatter_tensor(shard, flat)
     return shard / dist.get_world_size()
 
 
@@ -505,6 +541,8 @@ MUTANTS = [
     ("10.shard_gradient", all_reduce_as_a_functional_collective, SWITCHED_OFF.format("all_reduce")),
     ("10.shard_gradient", all_gather_with_an_imported_name, SWITCHED_OFF.format("all_gather")),
     ("10.shard_gradient", all_gather_through_distributed_c10d, SWITCHED_OFF.format("all_gather")),
+    ("10.shard_gradient", all_gather_single_with_an_imported_name, SWITCHED_OFF.format("all_gather")),
+    ("10.shard_gradient", reduce_scatters_the_wrong_half, r"float32 of shape \(\d+,\), first difference at \[\d+\]: expected -?\d"),
     ("10.shard_gradient", reduce_scatters_in_half_precision, re.escape("travelled as torch.float16")),
     ("11.row_parallel", partial_only, re.escape("all-reduce (sum) it")),
     ("11.row_parallel", bias_on_every_rank, re.escape("add it once")),
@@ -529,6 +567,8 @@ RIGHT = [
     ("10.shard_gradient", exchanges_the_parts_directly),
     ("10.shard_gradient", reduce_scatter_averaging),
     ("10.shard_gradient", reduce_scatter_with_an_imported_name),
+    ("10.shard_gradient", reduce_scatter_with_an_imported_deprecated_name),
+    ("10.shard_gradient", reduce_scatter_with_the_deprecated_name),
     ("10.shard_gradient", reduce_scatter_with_the_group_method),
     ("10.shard_gradient", reduce_scatter_of_a_list),
     ("10.shard_gradient", all_to_all_then_sum),

@@ -251,8 +251,9 @@ EXERCISES = (
         recipe="1. flat = full_grad.flatten(), then F.pad(flat, (0, (-flat.numel()) % world)) "
                "so it splits evenly (world = dist.get_world_size()).\n2. shard = "
                "torch.empty(flat.numel() // world, dtype=flat.dtype).\n3. "
-               "dist.reduce_scatter_tensor(shard, flat): rank r receives the sum of every "
-               "rank's part r.\n4. return shard / world.",
+               "dist.reduce_scatter_single(shard, flat): rank r receives the sum of every "
+               "rank's part r (the older name reduce_scatter_tensor still works in torch "
+               "2.13: it forwards here with a FutureWarning).\n4. return shard / world.",
         solution=shard_gradient, checker=check_shard_gradient,
         answered_by=("ddp_lab.scratch.fsdp:_GatherParam.backward",
                      "ddp_lab.scratch.fsdp:FSDP.sync_gradients")),

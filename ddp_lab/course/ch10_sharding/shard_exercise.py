@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_lab.course.collective_trace import CollectiveTrace
-from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.driver import each_world, generator, new_seed, tensor_problem
 from ddp_lab.scratch.fsdp import padded_flat
 
 FORBIDDEN = ("all_reduce", "all_gather", "reduce")
@@ -30,7 +30,7 @@ def shard_gradient(full_grad):
     world = dist.get_world_size()
     flat = F.pad(full_grad.flatten(), (0, (-full_grad.numel()) % world))
     shard = torch.empty(flat.numel() // world, dtype=flat.dtype)
-    dist.reduce_scatter_tensor(shard, flat)
+    dist.reduce_scatter_single(shard, flat)
     return shard / world
 
 
@@ -108,7 +108,7 @@ def _shard_problem(r: dict, rank: int, n: int) -> str | None:
     for other, chunk in enumerate(r["chunks"]):
         if other != rank and torch.allclose(got, chunk, rtol=1e-5, atol=1e-6):
             return f"that is rank {other}'s shard: rank {rank} must get part [{rank}]"
-    return f"expected {want.tolist()}, got {got.tolist()}"
+    return tensor_problem(got, want, exact=False)  # one line; the tensors in ex.last_failure()
 
 
 def _cost_problem(r: dict, n: int) -> str | None:
