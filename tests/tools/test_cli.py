@@ -41,16 +41,6 @@ def test_unknown_demo_lists_the_choices(capsys):
     assert "choose one of: all_gather, all_reduce, all_to_all" in capsys.readouterr().err
 
 
-def test_run_help_describes_every_demo_in_one_line(capsys):
-    with pytest.raises(SystemExit) as exited:
-        main(["run", "--help"])
-    assert exited.value.code == 0
-    out = capsys.readouterr().out
-    assert re.search(r"^  all_reduce +Every rank contributes its rank number", out, re.M)
-    assert re.search(r"^  deadlock +The classic deadlock.*hangs on purpose: stopped after 5 s",
-                     out, re.M)
-
-
 @pytest.mark.parametrize("demo", ["hang", "deadlock"])
 def test_demos_that_hang_stop_in_seconds_with_the_stacks(demo, capsys):
     import time
