@@ -20,10 +20,15 @@ from ddp_lab.course.collective_trace import BuiltinSwitchedOff, CollectiveTrace
 
 # Every collective of torch.distributed, by family: an exercise switches off the families
 # it rebuilds (names missing from this torch are skipped).
-GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
-           "gather", "gather_object", "_all_gather_base")
-REDUCTIONS = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter",
-              "reduce_scatter_tensor", "_reduce_scatter_base")
+# The single-tensor forms under torch 2.13's names (all_gather_single, reduce_scatter_single)
+# and under the older ones that forward to them with a FutureWarning (all_gather_into_tensor,
+# _all_gather_base, reduce_scatter_tensor, _reduce_scatter_base): all reach the same c10d op.
+ALL_GATHERS = ("all_gather", "all_gather_single", "all_gather_into_tensor", "all_gather_object",
+               "all_gather_coalesced", "_all_gather_base")
+GATHERS = ALL_GATHERS + ("gather", "gather_object")
+REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
+                   "_reduce_scatter_base")
+REDUCTIONS = ("all_reduce", "all_reduce_coalesced", "reduce") + REDUCE_SCATTERS
 BROADCASTS = ("broadcast", "broadcast_object_list")
 SCATTERS = ("scatter", "scatter_object_list")
 ALL_TO_ALLS = ("all_to_all", "all_to_all_single")
@@ -33,9 +38,9 @@ COLLECTIVES = GATHERS + REDUCTIONS + BROADCASTS + SCATTERS + ALL_TO_ALLS
 # The names above by the family the dispatcher knows them by (object collectives and the
 # coalesced and tensor forms run the family's c10d op).
 FAMILY = {name: family for family, names in (
-    ("all_gather", GATHERS[:4] + ("_all_gather_base",)), ("gather", ("gather", "gather_object")),
+    ("all_gather", ALL_GATHERS), ("gather", ("gather", "gather_object")),
     ("all_reduce", ("all_reduce", "all_reduce_coalesced")), ("reduce", ("reduce",)),
-    ("reduce_scatter", ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base")),
+    ("reduce_scatter", REDUCE_SCATTERS),
     ("broadcast", BROADCASTS), ("scatter", SCATTERS), ("all_to_all", ALL_TO_ALLS),
     ("barrier", ("barrier", "monitored_barrier")),
     ("send", ("send", "isend")), ("recv", ("recv", "irecv"))) for name in names}

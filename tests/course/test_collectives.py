@@ -141,7 +141,7 @@ def test_timing_bars_one_bar_per_case():
 
 def test_gloo_reduce_scatter_is_an_all_reduce_underneath():
     underneath = ddp_lab.run(support.reduce_scatter_underneath, 3, echo=False)[0]
-    assert underneath == {"reduce_scatter_tensor": ["gloo:all_reduce"],
+    assert underneath == {"reduce_scatter_single": ["gloo:all_reduce"],
                           "reduce_scatter": ["gloo:all_reduce"] * 3}
 
 

@@ -234,6 +234,12 @@ def chunks_unchanged(chunks):
     return list(chunks)
 
 
+def scattered_but_own_chunks_kept(chunks):
+    """The N scatters made, and the chunks this rank started with handed back."""
+    all_to_all_by_scatter(chunks)
+    return list(chunks)
+
+
 def builtin_all_to_all(chunks):
     out = [torch.empty_like(c) for c in chunks]
     dist.all_to_all(out, list(chunks))
@@ -301,6 +307,12 @@ def group_scatter(chunks):
 
 
 # -- 03b.all_reduce_list --------------------------------------------------------------------
+def summed_but_inputs_returned(tensors):
+    """One all_reduce of a flat copy, and the inputs handed back instead of its parts."""
+    dist.all_reduce(torch.cat([t.reshape(-1) for t in tensors]))
+    return tensors
+
+
 def one_all_reduce_each(tensors):
     for t in tensors:
         dist.all_reduce(t)
@@ -413,6 +425,7 @@ MUTANTS = [
     ("02.shift", shift_by_gathering_everything, "moves each tensor once"),
     ("02.shift", shift_even_ranks_send_first, "(?s)when it stopped.*hung"),
     ("03.all_to_all", chunks_unchanged, "made 0 scatter|what rank 1 sent to rank 0"),
+    ("03.all_to_all", scattered_but_own_chunks_kept, "you returned your own tensor"),
     ("03.all_to_all", builtin_all_to_all, "dist.all_to_all is switched off"),
     ("03.all_to_all", imported_all_to_all, "dist.all_to_all is switched off"),
     ("03.all_to_all", group_alltoall_base, "all_to_all is switched off in this exercise, in"),
@@ -426,6 +439,7 @@ MUTANTS = [
     ("03b.all_reduce_list", functional_all_reduce_each, "the point is ONE collective"),
     ("03b.all_reduce_list", c10d_all_reduce_each, "the point is ONE collective"),
     ("03b.all_reduce_list", flat_sum_not_split_back, "in its own shape"),
+    ("03b.all_reduce_list", summed_but_inputs_returned, "you returned your own tensor"),
     ("03b.all_reduce_list", averaged_instead_of_summed, "should be the sum over the ranks"),
     ("03b.all_reduce_list", gathered_then_summed, "dist.all_gather is switched off"),
     ("03b.all_reduce_list", broadcasts_then_summed, "dist.broadcast is switched off"),

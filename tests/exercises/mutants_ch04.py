@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
-from torch.distributed import all_reduce, broadcast, irecv, isend, recv, reduce_scatter_tensor, send
+from torch.distributed import (all_reduce, broadcast, irecv, isend, recv, reduce_scatter_single,
+                               reduce_scatter_tensor, send)
 from torch.distributed.distributed_c10d import _get_default_group
 
 from ddp_lab.course.ch04_allreduce import exercises as ch04
@@ -79,8 +80,31 @@ def tree_rooted_at_zero(tensor, src):
 # -- 04: the switched-off built-ins in every form -------------------------------------------
 def imported_reduce_scatter(tensor):
     out = torch.empty_like(tensor.chunk(dist.get_world_size())[0])
+    reduce_scatter_single(out, tensor)
+    return out
+
+
+def imported_reduce_scatter_old_name(tensor):
+    """torch 2.13's deprecated spelling: forwards to reduce_scatter_single (FutureWarning)."""
+    out = torch.empty_like(tensor.chunk(dist.get_world_size())[0])
     reduce_scatter_tensor(out, tensor)
     return out
+
+
+def own_chunk_unsummed(tensor):
+    """The ring's bytes sent, but the partial sums received are dropped."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 1):
+        incoming = torch.empty_like(chunks[(rank - step - 2) % world])
+        for request in (isend(chunks[(rank - step - 1) % world], (rank + 1) % world),
+                        irecv(incoming, (rank - 1) % world)):
+            request.wait()
+    return chunks[rank]
+
+
+def input_unchanged(tensor, src):
+    return tensor.clone()
 
 
 def imported_all_reduce(tensor):
@@ -277,6 +301,9 @@ RIGHT = [
 
 MUTANTS = [
     ("04.reduce_scatter", imported_reduce_scatter, "dist.reduce_scatter is switched off"),
+    ("04.reduce_scatter", imported_reduce_scatter_old_name, "dist.reduce_scatter is switched off"),
+    ("04.reduce_scatter", own_chunk_unsummed, "you returned your own tensor, unchanged"),
+    ("04.tree_broadcast", input_unchanged, "you returned your own tensor, unchanged"),
     ("04.reduce_scatter", imported_all_reduce, "dist.all_reduce is switched off"),
     ("04.reduce_scatter", process_group_allreduce, "dist.all_reduce is switched off"),
     ("04.reduce_scatter", functional_all_reduce, "dist.all_reduce is switched off"),

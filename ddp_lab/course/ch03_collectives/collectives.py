@@ -74,12 +74,13 @@ def all_gather(numel: int = 3, dtype: str = "int64") -> dict:
     return {"before": t, "after": out}
 
 
-def all_gather_into_tensor(numel: int = 3, dtype: str = "int64") -> dict:
-    """all_gather into one preallocated tensor: no list, no torch.cat afterwards."""
+def all_gather_single(numel: int = 3, dtype: str = "int64") -> dict:
+    """all_gather into one preallocated tensor: no list, no torch.cat afterwards (torch 2.13's
+    name; ``all_gather_into_tensor`` forwards to it with a FutureWarning)."""
     rank, world = rank_and_world()
     t = rank_values(rank, numel, dtype)
     out = torch.zeros(world * numel, dtype=t.dtype)
-    dist.all_gather_into_tensor(out, t)
+    dist.all_gather_single(out, t)
     return {"before": t, "after": out}
 
 
@@ -102,12 +103,13 @@ def reduce_scatter(numel: int = 7, dtype: str = "int64", op: str = "SUM") -> dic
     return {"before": parts, "after": out}
 
 
-def reduce_scatter_tensor(numel: int = 2, dtype: str = "int64", op: str = "SUM") -> dict:
-    """One flat input of ``numel * world_size`` values in, ``numel`` reduced values out."""
+def reduce_scatter_single(numel: int = 2, dtype: str = "int64", op: str = "SUM") -> dict:
+    """One flat input of ``numel * world_size`` values in, ``numel`` reduced values out (torch
+    2.13's name; ``reduce_scatter_tensor`` forwards to it with a FutureWarning)."""
     rank, world = rank_and_world()
     t = rank_values(rank, numel * world, dtype)
     out = torch.zeros(numel, dtype=t.dtype)
-    dist.reduce_scatter_tensor(out, t.clone(), op=reduce_op(op))
+    dist.reduce_scatter_single(out, t.clone(), op=reduce_op(op))
     return {"before": t, "after": out}
 
 
@@ -132,9 +134,9 @@ def all_to_all_single(numel: int = 7, dtype: str = "int64") -> dict:
 
 
 COLLECTIVES = {f.__name__: f for f in (
-    broadcast, reduce, all_reduce, gather, all_gather, all_gather_into_tensor, scatter,
-    reduce_scatter, reduce_scatter_tensor, all_to_all, all_to_all_single)}
-REDUCING = {"reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor"}
+    broadcast, reduce, all_reduce, gather, all_gather, all_gather_single, scatter,
+    reduce_scatter, reduce_scatter_single, all_to_all, all_to_all_single)}
+REDUCING = {"reduce", "all_reduce", "reduce_scatter", "reduce_scatter_single"}
 
 
 def tour(dtype: str = "int64") -> dict:

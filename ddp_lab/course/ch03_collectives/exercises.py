@@ -42,15 +42,16 @@ def _trial(fn, seed: int):
     everybody = [torch.empty_like(torch.stack(chunks)) for _ in range(world)]
     dist.all_gather(everybody, torch.stack(chunks))
     scatters = [call.nbytes for call in trace.of("scatter")]
-    return got, [everybody[src][rank] for src in range(world)], scatters
+    return got, [everybody[src][rank] for src in range(world)], scatters, chunks
 
 
 def check_all_to_all(fn) -> str:
     seed = new_seed()
 
     def judge(value: tuple, rank: int, n: int) -> str | None:
-        got, expected, scatters = value
-        return _result_problem(got, expected, rank, n) or _cost_problem(scatters, expected[0], n)
+        got, expected, scatters, chunks = value
+        return (_result_problem(got, expected, chunks, rank, n)
+                or _cost_problem(scatters, expected[0], n))
 
     each_world(_trial, (fn, seed), judge, seed,
                hang_hint="Every rank must call scatter the same number of times, with the "
@@ -59,12 +60,12 @@ def check_all_to_all(fn) -> str:
             f"int64 and float32 (seed {seed})")
 
 
-def _result_problem(got, expected: list, rank: int, n: int) -> str | None:
+def _result_problem(got, expected: list, chunks: list, rank: int, n: int) -> str | None:
     if not isinstance(got, (list, tuple)) or len(got) != n:
         return (f" returned {got!r}: expected a list of {n} tensors, item i being what rank "
                 f"i sent")
-    for i, (mine, want) in enumerate(zip(got, expected)):
-        problem = tensor_problem(mine, want)
+    for i, (item, want) in enumerate(zip(got, expected)):
+        problem = tensor_problem(item, want, mine=chunks[i])  # its own chunk i, kept?
         if problem:
             return (f", item [{i}] should be chunk [{rank}] of rank {i}'s list (what rank {i} "
                     f"sent to rank {rank}): {problem}")

@@ -52,7 +52,7 @@ def _trial(fn, seed: int):
     expected = [t.clone() for t in tensors]
     for t in expected:
         dist.all_reduce(t)
-    return got, expected, [(call.name, call.nbytes, call.dtype) for call in trace.calls]
+    return got, expected, [(call.name, call.nbytes, call.dtype) for call in trace.calls], tensors
 
 
 def check_all_reduce_list(fn) -> str:
@@ -64,15 +64,15 @@ def check_all_reduce_list(fn) -> str:
             f"list's bytes, on 1-4 ranks, float32 and float64 (seed {seed})")
 
 
-def _judge(got, expected: list, calls: list, where: str) -> None:
+def _judge(got, expected: list, calls: list, mine: list, where: str) -> None:
     problem = _cost_problem(calls, expected)
     if problem:
         raise ExerciseFailed(f"{where} {problem}")
     if not isinstance(got, (list, tuple)) or len(got) != len(expected):
         raise ExerciseFailed(f"{where} returned {got!r}: expected a list of {len(expected)} "
                              "tensors, the sums of the input tensors in their order")
-    for i, (mine, want) in enumerate(zip(got, expected)):
-        problem = tensor_problem(mine, want, exact=False)
+    for i, (tensor, want) in enumerate(zip(got, expected)):
+        problem = tensor_problem(tensor, want, exact=False, mine=mine[i])
         if problem:
             raise ExerciseFailed(f"{where}, tensor [{i}] should be the sum over the ranks of "
                                  f"their tensor [{i}], in its own shape: {problem}")

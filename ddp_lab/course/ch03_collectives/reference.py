@@ -36,12 +36,12 @@ def expected(name: str, befores: list, op: str = "SUM") -> list:
         return [list(befores) if r == ROOT else None for r in range(n)]
     if name == "all_gather":
         return [list(befores)] * n
-    if name == "all_gather_into_tensor":
+    if name == "all_gather_single":
         return [torch.cat(befores)] * n
     if name == "scatter":
         return list(befores[ROOT])
-    if name in ("reduce_scatter", "reduce_scatter_tensor"):
-        parts = [torch.tensor_split(b, n) if name.endswith("tensor") else b for b in befores]
+    if name in ("reduce_scatter", "reduce_scatter_single"):
+        parts = [torch.tensor_split(b, n) if name.endswith("single") else b for b in befores]
         return [combine([p[r] for p in parts], op) for r in range(n)]
     if name in ("all_to_all", "all_to_all_single"):
         return [[b[r] for b in befores] for r in range(n)]

@@ -52,7 +52,7 @@ NCCL_COLLECTIVES = {
 GLOO_HISTORY = {
     "reduce_scatter": "before pytorch#149869 (2025): `ProcessGroupGloo does not support "
                       "reduce_scatter`",
-    "reduce_scatter_tensor": "emulated as all_reduce + chunk (pytorch#118911)",
+    "reduce_scatter_single": "emulated as all_reduce + chunk (pytorch#118911)",
     "all_to_all": "before pytorch#165435 (2026): `ProcessGroup gloo does not support alltoall`;"
                   " parts must be equal in size"}
 
@@ -98,7 +98,7 @@ def all_to_all_via_scatter(numel: int = 2) -> dict:
 def reduce_scatter_underneath(numel: int = 1024) -> dict:
     """What gloo really runs for each reduce-scatter call: the ``gloo:*`` spans that
     ``torch.profiler`` records on the process group's worker threads. In torch 2.13 gloo
-    has no reduce-scatter algorithm of its own: ``reduce_scatter_tensor`` is one all-reduce
+    has no reduce-scatter algorithm of its own: ``reduce_scatter_single`` is one all-reduce
     of the whole input, ``reduce_scatter`` one all-reduce per chunk, so either moves an
     all-reduce's bytes, twice a ring reduce-scatter's."""
     from torch.profiler import ProfilerActivity, profile
@@ -106,7 +106,7 @@ def reduce_scatter_underneath(numel: int = 1024) -> dict:
     from ddp_lab.course.trace_events import spans_of
     world = dist.get_world_size()
     full, out = torch.ones(world * numel), torch.empty(numel)
-    calls = {"reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(out, full),
+    calls = {"reduce_scatter_single": lambda: dist.reduce_scatter_single(out, full),
              "reduce_scatter": lambda: dist.reduce_scatter(out, list(full.chunk(world)))}
     underneath = {}
     for name, call in calls.items():

@@ -105,10 +105,27 @@ def functional_all_reduce() -> dict:
             "ops": [call.name for call in trace.calls]}
 
 
+def p2p_future() -> str:
+    """What ``get_future()`` does on a gloo isend/irecv handle (a ring: send right, receive
+    from the left): the error gloo raises, since its point-to-point work has no future."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buffer = torch.empty(1)
+    works = [dist.isend(torch.ones(1), (rank + 1) % world), dist.irecv(buffer, (rank - 1) % world)]
+    try:
+        works[0].get_future()
+        said = "a future"
+    except RuntimeError as err:
+        said = str(err).splitlines()[0]
+    for work in works:
+        work.wait()
+    return said
+
+
 def tour() -> dict:
     """Worker: every demo above on this rank."""
     return {"gather": gather_both_ways(), "reduce_scatter": reduce_scatter_both_ways(),
-            "old_name": old_name(), "future": future_chain(), "functional": functional_all_reduce()}
+            "old_name": old_name(), "future": future_chain(), "functional": functional_all_reduce(),
+            "p2p_future": p2p_future() if dist.get_world_size() > 1 else None}
 
 
 def coalesced(sizes=(3, 5, 2)) -> dict:

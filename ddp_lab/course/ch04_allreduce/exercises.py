@@ -33,8 +33,9 @@ P2P_ONLY = "build it from send/recv (isend/irecv) only"
 # The key-value store's data methods: a tensor passed through the store would cost no
 # counted byte, so they are off too (the group's rendezvous is long done by then).
 STORE_METHODS = ("set", "get", "add", "append", "compare_set", "multi_get", "multi_set")
-DEADLOCK_HINT = ("A blocking send on every rank at once waits forever: post isend and irecv "
-                 "together, then wait on both.")
+DEADLOCK_HINT = ("A blocking send on every rank at once can wait for a recv that no rank has "
+                 "posted yet, until the process group's timeout (this check stops it sooner): "
+                 "post isend and irecv together, then wait on both.")
 
 
 @contextlib.contextmanager
@@ -62,15 +63,15 @@ def _reduce_scatter_trial(fn, seed: int, journal: str):
         got = fn(tensor.clone())
     total = tensor.clone()
     dist.all_reduce(total)
-    return got, total.chunk(world)[rank].clone(), log.messages
+    return got, total.chunk(world)[rank].clone(), log.messages, tensor.chunk(world)[rank].clone()
 
 
 def check_reduce_scatter(fn) -> str:
     seed = new_seed()
 
     def judge(value: tuple, rank: int, n: int) -> str | None:
-        got, expected, messages = value
-        problem = tensor_problem(got, expected)
+        got, expected, messages, mine = value
+        problem = tensor_problem(got, expected, mine=mine)  # its own chunk, not summed?
         if problem:
             return (f" should return chunk {rank} summed over all ranks: {problem}"
                     f"{_narrowed(messages, expected.dtype)}")
@@ -132,7 +133,7 @@ def _broadcast_trial(fn, seed: int, src: int, journal: str):
         got = fn(mine.clone(), src)
     expected = mine.clone()
     dist.broadcast(expected, src)
-    return got, expected, log.messages
+    return got, expected, log.messages, mine
 
 
 def check_tree_broadcast(fn) -> str:
@@ -141,12 +142,12 @@ def check_tree_broadcast(fn) -> str:
     src = {n: 1 + seed % (n - 1) if n > 1 else 0 for n in WORLD_SIZES}
 
     def judge_world(values: list, n: int) -> str | None:
-        for rank, (got, expected, _) in enumerate(values):
-            problem = tensor_problem(got, expected)
+        for rank, (got, expected, _, mine) in enumerate(values):
+            problem = tensor_problem(got, expected, mine=mine)
             if problem:
                 return (f", src={src[n]}: rank {rank} should return rank {src[n]}'s tensor: "
                         f"{problem}")
-        _check_rounds(n, seed, src[n], [messages for _, _, messages in values])
+        _check_rounds(n, seed, src[n], [messages for _, _, messages, _ in values])
         return None
 
     each_world(_broadcast_trial, lambda n: (fn, seed, src[n]), seed=seed,

@@ -21,7 +21,7 @@ def a_few_collectives(numel: int = 1000) -> None:
     t = torch.ones(numel)
     dist.all_reduce(t)
     dist.broadcast(t, src=0)
-    dist.all_gather_into_tensor(torch.empty(numel * dist.get_world_size()), t)
+    dist.all_gather_single(torch.empty(numel * dist.get_world_size()), t)
 
 
 def counted_both_ways(numel: int = 1000) -> dict:

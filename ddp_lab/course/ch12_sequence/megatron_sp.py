@@ -56,7 +56,7 @@ class _GatherSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         out = x.new_empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x.contiguous())
+        dist.all_gather_single(out, x.contiguous())
         return out
 
     @staticmethod
@@ -78,7 +78,7 @@ class _ReduceScatterSeq(torch.autograd.Function):
 
 def _reduce_scatter(x):
     out = x.new_empty((x.shape[0] // dist.get_world_size(), *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x.contiguous())
+    dist.reduce_scatter_single(out, x.contiguous())
     return out
 
 
