@@ -4,8 +4,10 @@ is removed afterwards (namespaces, veth, /etc/netns files, processes), also on e
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +148,14 @@ def test_late_node_grows_the_world_and_the_job_resumes():
     assert {v["world_size"] for v in grown.agents.values.values()} == {4}
     if cluster.separate:
         _assert_gone(cluster.hosts)
+
+
+def test_notebook_states_the_timeouts_the_pitfall_tries_use():
+    """Section 7 of notebook 09 names the tries' timeouts in prose: they are multinode's."""
+    notebook = Path(__file__).resolve().parents[2] / "notebooks" / "09_torchrun_and_multinode.ipynb"
+    text = " ".join("".join(cell["source"]).replace("\n", " ")
+                    for cell in json.loads(notebook.read_text())["cells"]
+                    if cell["cell_type"] == "markdown")
+    assert f"`read_timeout={multinode.TRY_READ_TIMEOUT_S}`" in text
+    assert f"`print_env.py --timeout {multinode.TRY_INIT_TIMEOUT_S}`" in text
+    assert f"we stop it {multinode.TRY_GRACE_S:g} s after node1 failed" in text

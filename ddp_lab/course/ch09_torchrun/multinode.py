@@ -25,6 +25,23 @@ from ddp_lab.launch.network.isolation import PrivateNetwork
 
 RDZV_PORT = 29400  # torchrun's usual rendezvous port: free in a fresh namespace
 
+# The failing tries wait for timeouts, so they cut them to the least that still fails for the
+# reason each try shows (their waits are most of section 7's run time):
+# - the rendezvous store's ``read_timeout`` (seconds, an int: ``get_as_int`` in
+#   c10d_rendezvous_backend._create_tcp_store) bounds how long an agent keeps connecting to
+#   the store, plus one backoff delay of torch's TCPStore client: to a store nobody hosts in
+#   try 1; in tries 2 and 3 node0's agent binds it as node1's starts to connect (both agents
+#   start together);
+# - print_env.py's ``--timeout``, init_process_group's: how long node0's worker waits for
+#   node1's in try 2; in try 3 it also bounds how far apart the two workers may reach the
+#   store, which both do within a fraction of a second of each other (started by the same
+#   rendezvous round).
+TRY_READ_TIMEOUT_S = 1
+TRY_INIT_TIMEOUT_S = 2
+# With is_host, a node whose peer failed may wait for it far longer (gloo's own connect
+# timeout, several times --timeout): stop it this long after the first failure.
+TRY_GRACE_S = 1.0
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -102,20 +119,22 @@ def print_commands(agents: list[Agent]) -> None:
 
 def try_cluster(cluster: Cluster, fixes: Fixes, timeout: float = 60.0) -> AgentsResult | None:
     """print_env.py on 2 x 1 workers with the given fixes, failing fast: the rendezvous
-    store read timeout and the workers' init timeout are cut to a few seconds. Prints the
+    store read timeout and the workers' init timeout are cut to a second or two
+    (``TRY_READ_TIMEOUT_S``, ``TRY_INIT_TIMEOUT_S``). Prints the
     commands, then per node: how it ended, its workers' variables, its errors. None (and
     why) on loopback, where there is nothing to fix."""
     if not cluster.separate:
         print(f"skipped, the two nodes are this machine on loopback: {cluster.skipped}")
         return None
-    agents = cluster_agents(cluster, ["-m", "ddp_lab.scripts.print_env", "--timeout", "4"],
-                            fixes, nproc=1, rdzv_conf=("read_timeout=3",))
+    agents = cluster_agents(cluster, ["-m", "ddp_lab.scripts.print_env", "--timeout",
+                                      str(TRY_INIT_TIMEOUT_S)],
+                            fixes, nproc=1, rdzv_conf=(f"read_timeout={TRY_READ_TIMEOUT_S}",))
     print_commands(agents)
     # Without is_host no agent hosts the store, and each fails on its own once its
     # read_timeout has passed, counted from its own start (busy cores delay one start by
     # seconds): wait for both errors. With it, a node whose peer failed may keep waiting
     # for it for a long time: stop it soon.
-    grace = 3.0 if fixes.is_host else 12.0
+    grace = TRY_GRACE_S if fixes.is_host else 12.0
     result = run_agents(agents, timeout=timeout, echo=False, grace=grace)
     print(result.summary(keep=("RANK=",)))
     return result
