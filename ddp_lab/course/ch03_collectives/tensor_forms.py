@@ -66,7 +66,7 @@ def reduce_scatter_both_ways(per_rank: int = 2) -> dict:
 
 
 def old_name(n: int = 3) -> dict:
-    """all_gather_into_tensor, the name most code still uses: the same result, and a
+    """all_gather_into_tensor, all_gather_single's older name: the same result, and a
     FutureWarning in torch 2.13."""
     world, mine = dist.get_world_size(), rank_values(n)
     out = torch.empty(world * n)
