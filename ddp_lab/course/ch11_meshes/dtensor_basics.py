@@ -86,7 +86,9 @@ def partial_matmul(mesh) -> dict:
 
 def uneven_shards(mesh) -> dict:
     """A tensor of UNEVEN_ROWS rows sharded on dim 0, and from_local of those uneven pieces
-    with and without the global ``shape``."""
+    with and without the global ``shape`` and ``stride`` (``from_local`` takes them only
+    together: one alone raises "Please pass both shape and stride at the same time",
+    T/distributed/tensor/_api.py:181-195)."""
     full = torch.arange(UNEVEN_ROWS * 3.0).reshape(UNEVEN_ROWS, 3)
     sharded = distribute_tensor(full, mesh, [Shard(0)])
     local = sharded.to_local()

@@ -51,9 +51,9 @@ def hierarchical_all_reduce() -> dict:
     shard = torch.empty(mine.numel() // dist.get_world_size(tp))
     rs_ar_ag = torch.empty_like(mine)
     with CollectiveTrace(dist.get_world_size()) as rs_trace:
-        dist.reduce_scatter_tensor(shard, mine.clone(), group=tp)
+        dist.reduce_scatter_single(shard, mine.clone(), group=tp)
         dist.all_reduce(shard, group=dp)
-        dist.all_gather_into_tensor(rs_ar_ag, shard, group=tp)
+        dist.all_gather_single(rs_ar_ag, shard, group=tp)
     flat = mine.clone()
     dist.all_reduce(flat)
     return {"mine": mine, "after_tp": after_tp, "after_dp": hierarchical, "flat": flat,
