@@ -247,6 +247,8 @@ def test_elastic_launch_restarts_all_workers_after_a_crash(tmp_path):
     assert values == "[(0, 1, 1.0), (1, 1, 1.0)]"  # both restarted once, then all_reduced
     assert handler == "_terminate_process_handler"
     assert "simulated crash on attempt 0" in done.stdout  # the launch's output, live
+    # torch's own failure line names how the workers were started (notebook 09 says it)
+    assert "(start_method: forkserver)" in done.stdout
 
 
 LOSE_THE_PORT_ONCE = textwrap.dedent("""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import multiprocessing
 import os
 import pickle
 import signal
@@ -31,6 +32,11 @@ from ddp_lab.launch.config import RUN_DIR_VAR, RunFiles, write_pickle
 
 CALL_VAR = "DDP_LAB_ELASTIC_CALL"
 ORPHAN_POLL_S = 0.5
+# LaunchConfig's default is "spawn": every worker of every attempt is a fresh interpreter
+# that imports torch. A fork server imports it once (the preload in main()) and forks each
+# worker from there, for the first attempt and the restart alike: seconds saved on 2 cores.
+# The entrypoint still travels by reference, as with spawn (it must be importable).
+START_METHOD = "forkserver"
 
 
 def main() -> int:
@@ -44,6 +50,7 @@ def main() -> int:
     with open(os.environ[CALL_VAR], "rb") as file:
         fn, args, nproc, max_restarts, tries = pickle.load(file)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    multiprocessing.set_forkserver_preload(["torch"])  # see START_METHOD
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
             _spawn_error_files_in(log_dir):
         for attempt in range(1, tries + 1):
@@ -77,7 +84,8 @@ def _elastic_launch(fn, args: tuple, nproc: int, max_restarts: int, log_dir: str
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
-        monitor_interval=0.1, start_method="spawn", log_line_prefix_template="[rank ${rank}] ",
+        monitor_interval=0.1, start_method=START_METHOD,
+        log_line_prefix_template="[rank ${rank}] ",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL))
     return elastic_launch(config, fn)(*args)
 
