@@ -82,13 +82,16 @@ def test_help_describes_the_command_and_shows_each_default(words, parser, summar
 def test_run_help_gives_every_demo_one_line_written_for_it():
     assert set(DEMO_LINES) == set(DEMOS)  # a demo without a line, or a line without a demo
     out = help_of(("run",))
-    demos = out.split("\ndemos:\n", 1)[1].splitlines()
+    listed, note = out.split("\ndemos:\n", 1)[1].rstrip("\n").split("\n\n")
+    demos = listed.splitlines()
     assert [line.split()[0] for line in demos] == sorted(DEMOS)
     for line in demos:
         name = line.split()[0]
-        assert re.fullmatch(rf"  {name} +{re.escape(DEMO_LINES[name])}( \(hangs on purpose: "
-                            rf"stopped after \d+ s\))?", line), line
-        assert ("hangs on purpose" in line) == (name in HANGS_ON_PURPOSE)
+        assert re.fullmatch(rf"  {name} +{re.escape(DEMO_LINES[name])}( \*)?", line), line
+        assert line.endswith(" *") == (name in HANGS_ON_PURPOSE), line
+        assert len(line) <= 100, f"{line!r} wraps in a 100-column terminal"
+    assert note == ("  * hangs on purpose: stopped after 5 s (--timeout changes it), with "
+                    "every rank's stack"), note
     assert re.search(r"^  all_reduce +every rank adds its rank number", out, re.M)
     assert re.search(r"--timeout TIMEOUT +seconds before the ranks are stopped \(default: 60; "
                      r"5 for the demos that hang on purpose\)", " ".join(out.split()))

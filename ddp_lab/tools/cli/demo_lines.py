@@ -6,13 +6,13 @@ from __future__ import annotations
 
 DEMO_LINES = {
     # 00 launching
-    "hello": "who am I: what torchrun would tell each rank, from the group and the environment",
+    "hello": "who am I: what torchrun would tell each rank, read from the process group",
     "all_reduce": "every rank adds its rank number; all_reduce(SUM) gives each rank the total",
-    "crash": "the last rank raises before a collective; its peers fail as knock-on (exits 1)",
+    "crash": "the last rank raises before a collective; its peers fail as knock-on",
     "hang": "rank 0 never joins the all_reduce its peers wait in",
     # 01 processes, ranks, stores
     "subgroups": "even and odd ranks in groups of their own (dist.new_group), each summing",
-    "backends": "which backends this torch has (gloo, NCCL, MPI, UCC, XCCL), each tried for real",
+    "backends": "which backends this torch has (gloo, NCCL, MPI, UCC, XCCL), each really tried",
     "barrier_timeline": "ranks work for different times, then meet in dist.barrier()",
     "print_freely": "plain print on every rank: the ranks' lines interleave as they come",
     "dprint": "printing in rank order: rank 0's lines, then rank 1's, and so on",
@@ -20,7 +20,7 @@ DEMO_LINES = {
     "send_recv": "rank 0 sends to every other rank with isend, then waits on the requests",
     "recv_any": "rank 0 receives from any source, in whatever order the messages come",
     "ring": "a token goes around the ring, each rank adding its rank number",
-    "deadlock": "the classic deadlock: every rank sends right before it receives from its left",
+    "deadlock": "the classic deadlock: every rank sends right, then receives from its left",
     "exchange": "the deadlock fixed: post the send and the recv, then wait on both",
     "ping_pong": "ranks 0 and 1 bounce tensors of growing size: round-trip times",
     # 03 collectives
@@ -45,7 +45,7 @@ DEMO_LINES = {
     "ddp_buffers": "BatchNorm's running mean as forward sees it: DDP broadcasts rank 0's buffers",
     "ddp_straggler": "the last rank never reaches DDP's gradient sync; the others wait for it",
     "ddp_model_parallel": "the DDP tutorial's demo_model_parallel: a replica in two halves",
-    "ddp_seeds": "each seeding policy: one initial model on every rank, and whose dropout differs",
+    "ddp_seeds": "seeding policies: is the model the same on every rank, and the dropout not?",
     "sampler": "the indices DistributedSampler gives each rank, epoch by epoch",
     "eval_padding": "accuracy with DistributedSampler's padding against an exact sharded count",
     # 06 training a CNN
@@ -65,12 +65,12 @@ DEMO_LINES = {
 
 
 def describe(names, hangs: dict[str, float]) -> str:
-    """The demo list of ``run --help``: a name and its line; one that hangs on purpose says
-    after how many seconds it is stopped."""
+    """The demo list of ``run --help``: a name and its line, one per demo; a ``*`` marks
+    the demos that hang on purpose, and a note under the list says when they are stopped."""
     width = max(map(len, names))
-    lines = []
-    for name in sorted(names):
-        note = (f" (hangs on purpose: stopped after {hangs[name]:g} s)"
-                if name in hangs else "")
-        lines.append(f"  {name:<{width}}  {DEMO_LINES[name]}{note}")
+    lines = [f"  {name:<{width}}  {DEMO_LINES[name]}{' *' if name in hangs else ''}"
+             for name in sorted(names)]
+    stops = sorted({f"{seconds:g} s" for seconds in hangs.values()})
+    lines += ["", f"  * hangs on purpose: stopped after {' or '.join(stops)} (--timeout "
+                  "changes it), with every rank's stack"]
     return "\n".join(lines)
