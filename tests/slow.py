@@ -48,7 +48,7 @@ SLOW = {
         "test_digits_split_is_reproducible_and_disjoint": 10,
     },
     "tests/launch/test_forkserver_cold_start.py": {
-        "test_after_the_first_run_ranks_are_forked_with_torch_dynamo_loaded": 24,
+        "test_res_seconds_is_the_call_s_wall_time_fork_server_start_included": 12,
         "test_a_slow_start_is_not_on_the_clock_of_the_first_run": 23,
         "test_a_new_server_stopped_while_it_imports_is_killed": 20,
     },

@@ -196,6 +196,8 @@ def texts():
         cells = json.loads(path.read_text())["cells"]
         yield path, "\n".join("".join(cell["source"]) for cell in cells)
     yield ROOT / "README.md", (ROOT / "README.md").read_text()
+    for path in sorted((ROOT / "docs").rglob("*.md")):
+        yield path, path.read_text()
 
 
 @pytest.mark.parametrize("path,text", list(texts()), ids=lambda v: getattr(v, "name", ""))

@@ -19,13 +19,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--world-size", type=int, default=2, help="number of ranks")
     parser.add_argument("--caps", type=_cap, nargs="+", default=list(CAPS),
                         help="bucket_cap_mb values in MB, 'default' for DDP's default "
-                             "(default: %(default)s)")
+                             f"(default: {' '.join('default' if c is None else f'{c:g}' for c in CAPS)})")
     parser.add_argument("--width", type=int, default=WIDTH, help="features per layer")
     parser.add_argument("--depth", type=int, default=DEPTH, help="Linear layers")
     parser.add_argument("--batch", type=int, default=BATCH, help="samples per rank")
     parser.add_argument("--iterations", type=int, default=ITERATIONS,
                         help="timed steps per setting")
-    parser.add_argument("--warmup", type=int, default=WARMUP)
+    parser.add_argument("--warmup", type=int, default=WARMUP,
+                        help="untimed steps per setting before the timed ones")
     parser.add_argument("--out", default=None, help="save the figure to this PNG file")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the run")
 

@@ -1,13 +1,12 @@
 """One demo module per notebook. ``DEMOS`` maps the names ``ddp-lab run NAME`` accepts to
 the function each rank calls; later notebooks add their entries here. ``ddp-lab run --help``
-describes each demo with the first line of its function's docstring, read from the source
-(ast), so the help never imports torch and never disagrees with the code."""
+describes each demo with a line written for the user (tools/cli/demo_lines.py, kept in step
+with these names by tests/tools/test_cli_help.py); nothing here imports torch until a demo
+is loaded."""
 
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.util
 
 DEMOS = {
     "hello": "ddp_lab.course.ch00_launching.launching:hello",
@@ -77,31 +76,6 @@ DEFAULT_TIMEOUT = 60.0
 
 def default_timeout(name: str) -> float:
     return HANGS_ON_PURPOSE.get(name, DEFAULT_TIMEOUT)
-
-
-def describe_demos() -> str:
-    """One line per demo: its name and its docstring's first line (hanging ones say so)."""
-    width = max(map(len, DEMOS))
-    lines = []
-    for name in sorted(DEMOS):
-        note = f" (hangs on purpose: stopped after {HANGS_ON_PURPOSE[name]:g} s)" \
-            if name in HANGS_ON_PURPOSE else ""
-        lines.append(f"  {name:<{width}}  {_first_docstring_line(DEMOS[name])}{note}")
-    return "\n".join(lines)
-
-
-def _first_docstring_line(target: str, limit: int = 90) -> str:
-    """The docstring's first sentence, cut to ``limit``; the function's place without one."""
-    module, function = target.split(":")
-    source = importlib.util.find_spec(module).origin
-    with open(source, encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    doc = next((ast.get_docstring(node) or "" for node in tree.body
-                if isinstance(node, ast.FunctionDef) and node.name == function), "")
-    sentence = " ".join(doc.split()).split(". ")[0].rstrip(".")
-    if not sentence:
-        return f"{module.rsplit('.', 1)[-1]}.{function}()"
-    return sentence if len(sentence) <= limit else sentence[:limit - 3].rstrip() + "..."
 
 
 def load_demo(name: str):
