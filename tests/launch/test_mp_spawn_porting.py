@@ -1,4 +1,4 @@
-"""The README's porting guide, applied to the published code it names: each test runs that
+"""The porting guide (docs/porting.md), applied to the published code it names: each test runs that
 code with exactly the edits the guide lists for a CPU-only machine, and no other change.
 
 Sources: https://pytorch.org/tutorials/intermediate/ddp_tutorial.html (setup, ToyModel,

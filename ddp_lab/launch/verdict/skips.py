@@ -45,6 +45,6 @@ def warn_if_skipped(result, stacklevel: int = 4):
         warnings.warn(
             f"every rank returned None, and rank {rank} printed {line!r}: the code skipped "
             "itself (a GPU-count guard that exits with status 0) instead of running. On a "
-            "CPU-only machine remove the guard, or make it count CPU ranks (README: Porting "
-            "published examples).", SkippedRunWarning, stacklevel=stacklevel)
+            "CPU-only machine remove the guard, or make it count CPU ranks (docs/porting.md: "
+            "Porting published examples).", SkippedRunWarning, stacklevel=stacklevel)
     return result
