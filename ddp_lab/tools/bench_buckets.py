@@ -17,9 +17,10 @@ WIDTH, DEPTH, BATCH, ITERATIONS, WARMUP = 1024, 8, 64, 20, 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--world-size", type=int, default=2, help="number of ranks")
+    shown = " ".join("default" if cap is None else f"{cap:g}" for cap in CAPS)
     parser.add_argument("--caps", type=_cap, nargs="+", default=list(CAPS),
-                        help="bucket_cap_mb values in MB, 'default' for DDP's default "
-                             f"(default: {' '.join('default' if c is None else f'{c:g}' for c in CAPS)})")
+                        help=f"bucket_cap_mb values in MB, 'default' for DDP's default "
+                             f"(default: {shown})")
     parser.add_argument("--width", type=int, default=WIDTH, help="features per layer")
     parser.add_argument("--depth", type=int, default=DEPTH, help="Linear layers")
     parser.add_argument("--batch", type=int, default=BATCH, help="samples per rank")

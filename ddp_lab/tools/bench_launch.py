@@ -24,7 +24,7 @@ from ddp_lab.scripts import script_path
 
 TARGET_WARM_SPEEDUP = 15.0   # warm must be at least this many times faster than torchrun
 TARGET_COLD_RATIO = 0.6      # cold may take at most this fraction of torchrun's time
-TARGET_SECOND_CALL_RATIO = 2.0  # a fresh process's call 2 may take this many times its call 3
+TARGET_SECOND_CALL_RATIO = 2.0  # a fresh process's call 2: at most this many times call 3
 FIRST_CALLS = ("ddp_lab call 1", "ddp_lab call 2", "ddp_lab call 3")
 COLD_CODE = ("import ddp_lab; from ddp_lab.course.ch00_launching.launching import all_reduce_ranks; "
              "ddp_lab.run(all_reduce_ranks, world_size={n}, echo=False)")
