@@ -49,6 +49,18 @@ def times_in_float32(spans):
     return 1 - busy / (dist.get_world_size() * max(end - start, 1e-9))
 
 
+def times_in_float32_plainly(spans):
+    """The reference with default (float32) tensors, as a learner writes it: at 1.7e9 s
+    float32's spacing is 128 s, the window rounds to 0 and the division raises."""
+    start = torch.tensor([min(s for _, s, _ in spans)])
+    end = torch.tensor([max(e for _, _, e in spans)])
+    busy = torch.tensor([sum(e - s for _, s, e in spans)])
+    dist.all_reduce(start, op=dist.ReduceOp.MIN)
+    dist.all_reduce(end, op=dist.ReduceOp.MAX)
+    dist.all_reduce(busy)
+    return 1 - busy.item() / (dist.get_world_size() * (end.item() - start.item()))
+
+
 def formula_instead(spans):
     p, m = dist.get_world_size(), len(spans) // 2
     return (p - 1) / (m + p - 1)
@@ -125,6 +137,10 @@ MUTANTS = [
     ("11b.interleaved_bubble", own_windows_summed,
      re.escape("use the earliest start and the latest end")),
     ("11b.interleaved_bubble", times_in_float32, re.escape("dtype=torch.float64")),
+    # Before the checker caught the ZeroDivisionError, the learner saw only "rank 0 raised
+    # ZeroDivisionError: float division by zero". (Rarely a 128 s float32 step falls inside
+    # the window: then the number is wrong, and the last message gives the same advice.)
+    ("11b.interleaved_bubble", times_in_float32_plainly, re.escape("dtype=torch.float64")),
     ("11b.interleaved_bubble", formula_instead, re.escape("1 - busy / (world_size x window)")),
     ("11b.interleaved_bubble", returns_a_tensor, re.escape("got a tensor")),
     ("11b.interleaved_bubble", gathers_and_calls_the_course_helper,

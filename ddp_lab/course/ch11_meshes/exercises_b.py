@@ -22,6 +22,8 @@ from ddp_lab.exercises.driver import each_world, generator, new_seed, number_pro
 from ddp_lab.exercises.registry import Exercise
 
 TOLERANCE = 1e-6
+FLOAT64 = ("use dtype=torch.float64: a time.time() value needs more digits than float32's 7, "
+           "and the start and end round to the same number")
 
 
 def pipeline_bubble(spans):
@@ -61,8 +63,16 @@ def _trial(fn, seed: int) -> dict:
     why = "measure the bubble yourself, from every rank's spans and a few collectives"
     spans = list(timelines(seed, world)[rank])
     with refused_everywhere(pipeline.bubble, "pipeline.bubble", why), CollectiveTrace() as trace:
-        got = fn(spans)
-    return {"got": got, "collectives": len(trace.moving_data())}
+        got, divided_by_zero = None, False
+        try:
+            got = fn(spans)
+        except ZeroDivisionError:
+            # The checker's window is never zero (every span lasts 2 ms or more): a zero
+            # comes from times rounded in float32, where time.time()'s 1.7e9 s have a
+            # spacing of 128 s and the first start and the last end become one number.
+            divided_by_zero = True
+    return {"got": got, "divided_by_zero": divided_by_zero,
+            "collectives": len(trace.moving_data())}
 
 
 def _own_share(spans, window: float | None = None) -> float:
@@ -99,14 +109,16 @@ def _problem(got, all_spans: list, rank: int) -> str | None:
                 "first step and after its last (warm-up and drain) is the bubble itself; use "
                 "the earliest start and the latest end over all ranks (ReduceOp.MIN, MAX)")
     return (f"got {got:.6f}, expected {want:.6f} (1 - busy / (world_size x window)); "
-            "if the times went into tensors, use dtype=torch.float64: a time.time() value "
-            "needs more digits than float32's 7, and the start and end round to the same number")
+            f"if the times went into tensors, {FLOAT64}")
 
 
 def check_interleaved_bubble(fn) -> str:
     seed = new_seed()
 
     def judge(value: dict, rank: int, n: int) -> str | None:
+        if value["divided_by_zero"]:
+            return ("ZeroDivisionError: the window (last end - first start) came out 0, but "
+                    f"no window here is 0; {FLOAT64}")
         problem = _problem(value["got"], timelines(seed, n), rank)
         if not problem and n > 1 and not value["collectives"]:
             problem = ("the right number with no collective: no rank knows the others' "
