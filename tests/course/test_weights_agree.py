@@ -37,3 +37,29 @@ def test_the_reference_compares_bits(first, others, expected, dtype):
     res = ddp_lab.run(_agree_after, world_size=2, args=(first, others, dtype), echo=False,
                       timeout=60)
     assert res.values == [expected, expected]
+
+
+SWAPLESS_SEEDS = (1950, 6132, 6421, 9954)  # each drew a trainable tensor of one repeated value
+
+
+def test_the_swap_trial_always_changes_a_weight():
+    """The checker's swap finds two different weights of one tensor on every seed, including
+    those whose drawn tensor holds one value (a 2-element bias rounded twice to the same
+    multiple of 1/512): it raised StopIteration there, failing a right answer (IP-00b-1)."""
+    from ddp_lab.course.ch00_launching.exercises_b import _differ, _model
+    torch.set_num_threads(1)
+    for seed in (*SWAPLESS_SEEDS, *range(1, 3001)):
+        same, swapped = _model(seed), _model(seed)
+        where = _differ(swapped, seed, "swap")
+        changed = [n for (n, a), b in zip(same.named_parameters(), swapped.parameters())
+                   if not torch.equal(a, b)]
+        assert len(changed) == 1 and "swapped" in where, (seed, where, changed)
+        a = dict(same.named_parameters())[changed[0]].flatten()
+        b = dict(swapped.named_parameters())[changed[0]].flatten()
+        assert torch.equal(a.sort().values, b.sort().values), (seed, where)  # a swap, no more
+
+
+def test_the_reference_passes_a_check_whose_swap_meets_a_one_value_tensor(monkeypatch):
+    import ddp_lab.course.ch00_launching.exercises_b as eb
+    monkeypatch.setattr(eb, "new_seed", lambda: SWAPLESS_SEEDS[0])
+    assert "seed 1950" in eb.check_weights_agree(eb.weights_agree)

@@ -66,9 +66,16 @@ def _model(seed: int, bits: bool = False) -> torch.nn.Module:
 
 def _differ(model: torch.nn.Module, seed: int, how: str) -> str:
     """Make this rank's weights differ from the others' in the smallest way of kind ``how``;
-    return where, in words."""
+    return where, in words. A swap picks among the trainable tensors that hold two different
+    values: a 2-element bias can round to one value twice, and swapping its elements would
+    change nothing (review IP-00b-1). The first layer's weight (at least 4 values) leaves the
+    list empty only if all its values coincide, and the other tensors' too."""
     params = [(name, p) for name, p in model.named_parameters()
-              if (how == "frozen") == (not p.requires_grad)]
+              if (how == "frozen") == (not p.requires_grad)
+              and (how != "swap" or bool((p.data != p.data.view(-1)[0]).any()))]
+    if not params:
+        raise RuntimeError(f"checker bug: seed {seed} drew a model whose trainable tensors each "
+                           "hold one value, so no swap can change it; please report the seed.")
     pick = torch.randint(0, 10 ** 6, (3,), generator=generator(seed, 7)).tolist()
     name, param = params[pick[0] % len(params)]
     flat = param.data.view(-1)
