@@ -17,7 +17,7 @@ def run(fn, world_size, *args, **kwargs):
                        echo=False).values
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_nonblocking_send_recv_delivers_rank0_tensor_everywhere(world_size):
     assert run(p2p.nonblocking_send_recv, world_size) == [1.0] * world_size
 
@@ -47,6 +47,19 @@ def test_ring_token_matches_closed_form(world_size, dtype):
 def test_deadlock_fixes_receive_the_left_neighbour(fix, world_size):
     expected = [(rank - 1) % world_size for rank in range(world_size)]
     assert run(fix, world_size, 1000) == expected
+
+
+@pytest.mark.parametrize("fn", [p2p.send_then_recv, p2p.even_odd_exchange,
+                                p2p.nonblocking_exchange, p2p.batched_exchange])
+@pytest.mark.parametrize("world_size, nbytes, says", [(2, 0, "nbytes=0"),
+                                                      (1, 1000, "2 or more ranks")])
+def test_ring_exchanges_refuse_no_bytes_and_one_rank_before_sending(fn, world_size, nbytes,
+                                                                     says):
+    """0 bytes carry no sender (an IndexError in _sender_of); on 1 rank the isend to itself
+    failed inside gloo ("Pair is not connected"), review IP-02-6."""
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        run(fn, world_size, nbytes)
+    assert "ValueError" in str(caught.value) and says in str(caught.value)
 
 
 def test_deadlock_fixes_handle_large_messages():

@@ -31,7 +31,10 @@ def nonblocking_send_recv() -> float:
         requests = [dist.isend(tensor=tensor, dst=peer) for peer in range(1, world)]
     else:
         requests = [dist.irecv(tensor=tensor, src=0)]
-    print(f"started {len(requests)} request(s) of type {type(requests[0]).__name__}")
+    if requests:
+        print(f"started {len(requests)} request(s) of type {type(requests[0]).__name__}")
+    else:
+        print("no other rank: nothing to send")  # world size 1: rank 0 keeps its tensor
     for request in requests:
         request.wait()  # until here, neither side may touch `tensor`
     print(f"Rank {rank} has data {tensor[0]}")
@@ -74,8 +77,17 @@ def ring_token(numel: int = 1, dtype: torch.dtype = torch.int64) -> torch.Tensor
 
 def _ring_buffers(nbytes: int):
     """Rank, neighbours, and the two buffers of a ring exchange: what this rank sends (its
-    rank in every byte, so the receiver can tell who sent it) and where the left one lands."""
+    rank in every byte, so the receiver can tell who sent it) and where the left one lands.
+    Refuses, before any send, what has no ring or no sender to read: a message of no bytes,
+    and one rank alone (its neighbour is itself, and gloo's transport has no connection to
+    itself: the isend fails with "Pair is not connected", which names neither)."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    if nbytes < 1:
+        raise ValueError(f"nbytes={nbytes}: a ring exchange needs messages of 1 byte or more "
+                         "(each byte carries the sender's rank); pass nbytes >= 1.")
+    if world < 2:
+        raise ValueError("a ring exchange needs 2 or more ranks: on 1 rank the neighbours are "
+                         "the rank itself; run it with world_size >= 2.")
     outgoing = torch.full((nbytes,), rank, dtype=torch.uint8)
     incoming = torch.empty(nbytes, dtype=torch.uint8)
     return (rank + 1) % world, (rank - 1) % world, outgoing, incoming
