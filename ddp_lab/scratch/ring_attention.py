@@ -169,14 +169,51 @@ def _backward(q, k, v, out, lse, grad_out, causal, group, layout):
     return grad_q.to(q.dtype), arriving[0].to(k.dtype), arriving[1].to(v.dtype)
 
 
-def _check_shards(q, group, layout):
-    """Raise on every rank, before anything is sent, unless every rank holds the same shape.
-    One all-gather of the shapes: a rank that raised alone would leave the others in a send."""
+# The dtypes a shard may have, by index: one int64 per tensor carries its dtype in the
+# all-gather of the shapes (-1: anything else, refused).
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def gather_shards(who: str, q, k, v, group) -> list[tuple]:
+    """Raise on every rank, before any K/V is sent, unless q, k and v have one shape and one
+    floating dtype on this rank and the same on every rank; returns every rank's
+    (shape, dtype) in rank order. One all-gather of the three shapes and dtypes: a check
+    that raised on one rank alone would leave the others waiting in a send, and gloo aborts
+    a process (SIGABRT, "Received data size doesn't match") when two ranks' messages
+    differ in size, naming neither the shape nor the dtype."""
     world = dist.get_world_size(group)
-    mine = torch.tensor(q.shape, dtype=torch.int64)
-    shapes = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(shapes, mine, group=group)
-    shapes = [tuple(s.tolist()) for s in shapes]
+
+    def row(t):
+        code = DTYPES.index(t.dtype) if t.dtype in DTYPES else -1
+        return [t.dim(), *t.shape, *[0] * (4 - t.dim()), code] if t.dim() <= 4 else [t.dim(), 0, 0, 0, 0, code]
+
+    mine = torch.tensor([row(t) for t in (q, k, v)], dtype=torch.int64)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(rows, mine, group=group)
+    names = [str(d).removeprefix("torch.") for d in DTYPES]
+    seen = []
+    for r, got in enumerate(rows):
+        shapes = [tuple(x[1:1 + x[0]].tolist()) if x[0] <= 4 else f"{int(x[0])} dims" for x in got]
+        dtypes = [names[x[-1]] if x[-1] >= 0 else "not floating point" for x in got]
+        if any(x[0] != 4 for x in got) or len(set(shapes)) > 1:
+            raise ValueError(f"{who}: q, k and v must have one shape (batch, heads, seq_local, "
+                             f"head_dim); rank {r} has {shapes[0]}, {shapes[1]}, {shapes[2]}")
+        if any(x[-1] < 0 for x in got) or len(set(dtypes)) > 1:
+            raise ValueError(f"{who}: q, k and v must have one floating dtype ({', '.join(names)}); "
+                             f"rank {r} has {dtypes[0]}, {dtypes[1]}, {dtypes[2]}")
+        seen.append((shapes[0], dtypes[0]))
+    if len({dtype for _, dtype in seen}) > 1:
+        raise ValueError(f"{who} needs one dtype on every rank, got {[d for _, d in seen]} (rank "
+                         f"order): cast every rank's q, k, v to the same dtype (a rank left in "
+                         f"another would send blocks of another size)")
+    return seen
+
+
+def _check_shards(q, k, v, group, layout):
+    """Raise on every rank, before anything is sent, unless every rank holds the same shape
+    and dtype (:func:`gather_shards`), and for zig-zag an even shard."""
+    world = dist.get_world_size(group)
+    shapes = [shape for shape, _ in gather_shards("ring_attention", q, k, v, group)]
     if len(set(shapes)) > 1:
         raise ValueError(
             f"ring_attention needs the same shard shape on every rank, got {shapes} (rank order): "
@@ -211,11 +248,12 @@ def ring_attention(q, k, v, causal: bool = False, group=None, *, layout: str = "
     ``scaled_dot_product_attention``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"q, k and v must have one shape (batch, heads, seq_local, head_dim); "
-                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if dist.get_world_size(group) > 1:
-        _check_shards(q, group, layout)
+        _check_shards(q, k, v, group, layout)
+    elif not (q.shape == k.shape == v.shape and q.dim() == 4 and q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"ring_attention: q, k and v must have one shape (batch, heads, seq_local, "
+                         f"head_dim) and one dtype; got {tuple(q.shape)} {q.dtype}, "
+                         f"{tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}")
     return _RingAttention.apply(q, k, v, causal, group, layout)
 
 

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddp_lab.scratch.ring_attention import gather_shards
+
 
 def _exchange(x: torch.Tensor, group) -> torch.Tensor:
     """all_to_all_single along dim 0: block j goes to rank j, block j comes from rank j."""
@@ -71,7 +73,23 @@ def ulysses_attention(q, k, v, causal: bool = False, group=None):
     """Softmax attention over the whole sequence from this rank's contiguous shard of it:
     q, k, v (batch, heads, seq_local, head_dim), shards in rank order; returns this rank's
     output rows. Differentiable; 4 all-to-alls forward (q, k, v in, the output back), 4 in
-    backward."""
+    backward.
+
+    Before the first all-to-all, one all-gather of the shapes and dtypes raises on every
+    rank unless every rank holds the same shape and dtype and the heads divide by the ranks:
+    ``all_to_all_single`` without split sizes cuts every tensor into n equal blocks, and on
+    gloo blocks of different sizes abort a process instead of raising."""
+    world = dist.get_world_size(group)
+    if world > 1:
+        shards = gather_shards("ulysses_attention", q, k, v, group)
+        if len(set(shards)) > 1:
+            raise ValueError(
+                f"ulysses_attention needs the same shard shape and dtype on every rank, got "
+                f"{shards} (rank order): split the sequence evenly (a length divisible by "
+                f"{world}) and give every rank one dtype")
+        if q.shape[1] % world:
+            raise ValueError(f"{q.shape[1]} heads do not split over {world} ranks: Ulysses needs "
+                             f"heads divisible by the number of ranks")
     q, k, v = (_Swap.apply(t, group, True) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return _Swap.apply(out, group, False)
