@@ -77,20 +77,24 @@ def ring_token(numel: int = 1, dtype: torch.dtype = torch.int64) -> torch.Tensor
 
 def _ring_buffers(nbytes: int):
     """Rank, neighbours, and the two buffers of a ring exchange: what this rank sends (its
-    rank in every byte, so the receiver can tell who sent it) and where the left one lands.
-    Refuses, before any send, what has no ring or no sender to read: a message of no bytes,
-    and one rank alone (its neighbour is itself, and gloo's transport has no connection to
-    itself: the isend fails with "Pair is not connected", which names neither)."""
+    rank in every byte, so the receiver can tell who sent it) and where the left one lands."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    _refuse_no_ring(nbytes, world)
+    outgoing = torch.full((nbytes,), rank, dtype=torch.uint8)
+    incoming = torch.empty(nbytes, dtype=torch.uint8)
+    return (rank + 1) % world, (rank - 1) % world, outgoing, incoming
+
+
+def _refuse_no_ring(nbytes: int, world: int) -> None:
+    """Before any send: a message of no bytes carries no sender rank to read, and one rank
+    alone is its own neighbour (gloo's transport has no connection to itself: its isend
+    fails with "Pair is not connected", which names neither cause)."""
     if nbytes < 1:
         raise ValueError(f"nbytes={nbytes}: a ring exchange needs messages of 1 byte or more "
                          "(each byte carries the sender's rank); pass nbytes >= 1.")
     if world < 2:
         raise ValueError("a ring exchange needs 2 or more ranks: on 1 rank the neighbours are "
                          "the rank itself; run it with world_size >= 2.")
-    outgoing = torch.full((nbytes,), rank, dtype=torch.uint8)
-    incoming = torch.empty(nbytes, dtype=torch.uint8)
-    return (rank + 1) % world, (rank - 1) % world, outgoing, incoming
 
 
 def _sender_of(incoming: torch.Tensor) -> int:
