@@ -194,6 +194,24 @@ def reads_the_width_from_the_first_row(rows, counts):
     return arrived, got
 
 
+def sends_lists_of_blocks(rows, counts):
+    """dist.all_to_all with lists of blocks of their own sizes: right on NCCL; gloo's list
+    form needs every block the same size."""
+    world, width = counts.shape[0], rows.shape[1]
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    inbox = [rows.new_empty((int(n), width)) for n in got.sum(1)]
+    dist.all_to_all(inbox, list(rows.split(counts.sum(1).tolist())))
+    return torch.cat(inbox), got
+
+
+def counts_got_by_expert_not_by_rank(rows, counts):
+    """The rows right; got summed into one row per expert (what the experts need in all),
+    not kept per source rank."""
+    arrived, got = _exchanged(rows, counts)
+    return arrived, got.sum(0, keepdim=True).expand_as(got).contiguous()
+
+
 # 13.dispatch: right answers that differ from the reference ----------------------------------
 
 def with_imported_names(rows, counts):
@@ -260,4 +278,8 @@ MUTANTS += [
     ("13.dispatch", forgets_the_split_sizes, re.escape("pass output_split_sizes and input")),
     ("13.dispatch", swaps_the_split_sizes, re.escape("the split sizes do not add up")),
     ("13.dispatch", reads_the_width_from_the_first_row, r"index 0 is out of bounds"),
+    ("13.dispatch", sends_lists_of_blocks,
+     re.escape("gloo's list form, dist.all_to_all(output_list, input_list), needs every block")),
+    ("13.dispatch", counts_got_by_expert_not_by_rank,
+     re.escape("got must say how many rows came from rank j for expert e: int64 of shape")),
 ]

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refused_everywhere, refusing, replaced
-from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.driver import each_world, generator, new_seed, tensor_problem
 from ddp_lab.exercises.registry import Exercise
 from ddp_lab.scratch.moe import dispatch
 
@@ -69,7 +69,8 @@ def _switched_off(fn):
 
 
 # What gloo and torch say when the sizes of a variable all-to-all do not fit, and what it means
-# (distributed_c10d.all_to_all_single; gloo/alltoall.cc enforces equal sizes without splits).
+# (distributed_c10d.all_to_all_single; gloo/alltoall.cc enforces equal sizes without splits;
+# ProcessGroupGloo::alltoall checks that a list's blocks all have the first one's size).
 SIZE_ERRORS = {
     "Split sizes doesn't match": "the split sizes do not add up to the tensors: the output "
     "split sizes must sum to the rows that arrive (what the others send here, the exchanged "
@@ -77,6 +78,11 @@ SIZE_ERRORS = {
     "in->size == out->size": "without split sizes, all_to_all_single cuts both tensors into "
     "equal parts, and gloo needs the input and the output of the same size; these blocks "
     "differ from rank to rank, so pass output_split_sizes and input_split_sizes",
+    "invalid tensor size": "gloo's list form, dist.all_to_all(output_list, input_list), "
+    "needs every block the same size (ProcessGroupGloo::alltoall; NCCL takes blocks of any "
+    "size): blocks of different sizes go through all_to_all_single on one tensor each way, "
+    "with output_split_sizes (what each rank sends here) and input_split_sizes (this rank's "
+    "rows per destination)",
     "LengthPerRank": "the split sizes disagree pair by pair: what this rank expects from rank "
     "j (output_split_sizes[j]) must be what rank j sends it (its input_split_sizes for this "
     "rank); the exchanged counts, summed per source in rank order, give exactly that",
@@ -153,13 +159,15 @@ def _problem(result: dict, want: dict, world: int) -> str | None:
             return ("the right rows in the wrong order: keep the order of arrival, by source "
                     "rank and then expert (the experts' code reads them that way with got)")
         return (f"the rows received differ from what the other ranks sent this rank "
-                f"({len(want['arrived'])} rows expected): exchange the counts first, then pass "
-                "output_split_sizes = got.sum(1) and input_split_sizes = counts.sum(1)")
+                f"({tensor_problem(arrived, want['arrived'], mine=want['own_rows'])}): exchange "
+                "the counts first, then pass output_split_sizes = got.sum(1) and "
+                "input_split_sizes = counts.sum(1)")
     if not _same(got, want["got"]):
         if _same(got, want["own_counts"]):
             return ("got is what this rank sent (counts); it must say what it received: "
                     "exchange the counts with an all_to_all_single of the counts tensor")
-        return f"got should be {want['got'].tolist()} (rows from rank j for expert e), got {got}"
+        return (f"got must say how many rows came from rank j for expert e: "
+                f"{tensor_problem(got, want['got'])}")
     return _cost_problem(result, want, world) if world > 1 else None
 
 
