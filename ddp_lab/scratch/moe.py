@@ -154,6 +154,8 @@ class MoE(nn.Module):
         return math.ceil(self.capacity_factor * tokens * self.top_k / self.n_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            self._refuse_ddp_over_experts()
         flat = x.reshape(-1, x.shape[-1])
         probs = self.router(flat).softmax(dim=-1)
         gate, expert_of = probs.topk(self.top_k, dim=-1)          # (tokens, top_k)
@@ -166,6 +168,39 @@ class MoE(nn.Module):
         y = self._run_experts(flat[token], experts)
         out = torch.zeros_like(flat).index_add(0, token, y * gate[token, slot].unsqueeze(-1))
         return out.reshape(x.shape)
+
+    def _refuse_ddp_over_experts(self) -> None:
+        """Raise, before any all-to-all, when this forward runs inside a
+        ``DistributedDataParallel`` whose process group holds two ranks of this layer's
+        expert-parallel group and whose parameters include the experts. The experts differ
+        from rank to rank with the same shapes, so DDP's construction accepted them
+        (``_verify_param_shape_across_processes`` compares shapes only) and then broadcast
+        rank 0's parameters over every rank's (``_sync_module_states``): the experts are
+        already rank 0's on every rank, and each backward would average different experts'
+        gradients. Every rank of the expert-parallel group sees the same DDP and raises. The
+        check sees DDP's forward (``DistributedDataParallel._get_active_ddp_module``, the C++
+        reducer's path); a compiled DDP with its Python reducer goes unseen."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel._get_active_ddp_module()
+        if ddp is None:
+            return
+        mine = {id(p) for p in self.experts.parameters()}
+        if not any(id(p) in mine for p in getattr(ddp, "_module_parameters", ())):
+            return   # the experts are left out of this DDP (parameters to ignore)
+        ddp_ranks = set(dist.get_process_group_ranks(ddp.process_group))
+        ep_ranks = set(dist.get_process_group_ranks(self.group or dist.group.WORLD))
+        if len(ddp_ranks & ep_ranks) > 1:
+            raise RuntimeError(
+                f"scratch.MoE is inside DistributedDataParallel over ranks {sorted(ddp_ranks)}, "
+                f"which hold different experts (expert-parallel ranks {sorted(ep_ranks)}): DDP's "
+                "construction has already copied rank 0's experts over every rank's, and its "
+                "backward would average different experts' gradients. Rebuild the layer and keep "
+                "its experts out of that DDP: wrap only the replicated part (the router) in DDP, "
+                "or pass the experts' names to DistributedDataParallel."
+                "_set_params_and_buffers_to_ignore_for_model(model, names) before wrapping; then "
+                "reduce each expert's gradient over its data-parallel group by hand "
+                "(course/ch13_experts/routing.sync_gradients)")
 
     def _run_experts(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Dispatch ``rows`` (sorted by expert) to their experts' ranks, run them, combine."""

@@ -191,3 +191,40 @@ def test_a_rank_without_tokens_has_zero_aux_loss_not_nan():
     got = ddp_lab.run(_empty_rank, 2, echo=False).values
     assert got[1]["aux"] == 0.0 and got[0]["aux"] > 0
     assert got[0]["finite"] and got[1]["finite"]
+
+
+def _under_ddp(how: str) -> str:
+    """scratch.MoE inside DDP: over the ranks that hold different experts (``"all"``), with
+    the experts' names given to DDP to ignore (``"router only"``), or over the dp group of a
+    (dp 2, ep 2) mesh (``"dp"``, where each DDP group holds one copy of the same experts)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    group = ddp_group = None
+    if how == "dp":
+        mesh = dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "ep"))
+        group, ddp_group = mesh.get_group("ep"), mesh.get_group("dp")
+    model = torch.nn.Sequential(torch.nn.Linear(D_MODEL, D_MODEL),
+                                scratch.MoE(D_MODEL, D_HIDDEN, EXPERTS, group=group))
+    if how == "router only":
+        names = [name for name, _ in model.named_parameters() if ".experts." in name]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+    wrapped = DDP(model, process_group=ddp_group)
+    try:
+        wrapped(batch(dist.get_rank())).square().sum().backward()
+    except RuntimeError as err:
+        return str(err)
+    return "ran"
+
+
+def test_ddp_over_ranks_with_different_experts_is_refused_on_every_rank():
+    # Before the check DDP accepted it and every rank ran on rank 0's experts (in-project
+    # review IP-13-1, docs/reviews/repro/13_ddp_over_experts.py): this returned "ran".
+    for message in ddp_lab.run(_under_ddp, world_size=2, args=("all",), echo=False).values:
+        assert "has already copied rank 0's experts over every rank's" in message, message
+        assert "_set_params_and_buffers_to_ignore_for_model" in message
+
+
+@pytest.mark.parametrize("how, world", [("router only", 2), ("dp", 4)])
+def test_ddp_that_leaves_the_experts_alone_runs(how, world):
+    assert ddp_lab.run(_under_ddp, world_size=world, args=(how,), echo=False).values == ["ran"] * world
