@@ -90,6 +90,41 @@ def test_a_rank_stuck_in_a_collective_is_reported_and_the_ranks_restarted():
         assert ranks.run(workers.all_reduce_tensor, torch.ones(1)).values[0].item() == 3.0
 
 
+def test_a_gloo_operation_that_timed_out_restarts_the_ranks_at_once():
+    """monitored_barrier times out on rank 0 only (the others report rank 0's error), and
+    every rank answers; yet gloo closed rank 0's connection to the absent rank, so the group
+    is of no further use: the next collective would fail on rank 0 while the others wait in
+    it. The session says "restart" for the barrier's own error and starts new ranks, whose
+    next collective works (review IP-00b-2 / 00b.md's note: it said "kept")."""
+    with ddp_lab.Ranks(world_size=3, timeout=20, echo=False) as ranks:
+        ranks.exec("lost = 1")
+        with pytest.raises(ddp_lab.WorkerError) as caught:
+            ranks.exec("from datetime import timedelta\nif rank != 2:\n"
+                       "    dist.monitored_barrier(timeout=timedelta(seconds=1))")
+        err = caught.value
+        assert "Rank 2 failed to pass monitoredBarrier" in str(err)
+        assert err.session == "restart" and "Rank 0 timed out" in str(err)
+        assert "restarted with a new process group" in str(err)
+        assert ranks.exec("'lost' in globals()").values == [False] * 3
+        assert ranks.run(workers.all_reduce_tensor, torch.ones(1)).values[0].item() == 6.0
+
+
+@pytest.mark.parametrize("message, state", [
+    ("Timed out waiting 1000ms for recv operation to complete", "restart"),
+    ("Rank 3 failed to pass monitoredBarrier in 2000 ms", "restart"),
+    ("Application timeout caused pair closure", "restart"),
+    ("wait timeout after 1000ms, keys: /k", "kept"),  # a store's wait: the group is intact
+    ("division by zero", "kept")])
+def test_the_session_state_after_an_error_that_every_rank_answered(message, state):
+    from ddp_lab.launch.live.frames import Reply
+    from ddp_lab.launch.live.outcome import session_state
+    from ddp_lab.launch.live.session import CallState
+    call = CallState(1, [0, 1], 10.0)
+    call.replies = {0: Reply(1, 0, "error", {"type": "RuntimeError", "message": message}),
+                    1: Reply(1, 1, "ok", b"")}
+    assert session_state(call)[0] == state
+
+
 def test_the_stop_button_interrupts_every_rank_and_keeps_the_session():
     with ddp_lab.Ranks(world_size=2, timeout=60, echo=False) as ranks:
         ranks.exec("kept = rank")

@@ -20,6 +20,16 @@ from ddp_lab.launch.verdict.outcome import RunResult, conclude
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord
 
 KILLED = -9  # what a rank that could not be interrupted will have been: killed
+# A process-group operation that gave up waiting (gloo: "Timed out waiting 2000ms for recv
+# operation to complete", a monitored barrier's "Rank 3 failed to pass monitoredBarrier in
+# 2000 ms", then "Application timeout caused pair closure" on the closed pair; NCCL's
+# watchdog: "collective operation timeout"). gloo closes the connection of an operation that
+# timed out, so the group fails its next collective on that rank while the others wait in it:
+# the session restarts the ranks now, not one call later. A store's own wait timeout ("wait
+# timeout after") leaves the group intact and is not one of these.
+GROUP_TIMEOUT_SIGNS = ("timed out waiting", "failed to pass monitoredbarrier",
+                       "timed out in monitoredbarrier", "application timeout caused pair closure",
+                       "collective operation timeout")
 
 
 def verdict(session, call) -> RunResult:
@@ -102,10 +112,24 @@ def session_state(call) -> tuple[str, str]:
         return "restart", (f"{_were(call.pending, 'could')} not be interrupted (waiting inside a "
                            "collective): the ranks were restarted with a new process group "
                            "and empty namespaces.")
+    timed_out = group_timed_out(call)
+    if timed_out:
+        return "restart", (f"{_were(timed_out, 'timed')} out in an operation of the process "
+                           "group, and gloo closes the connections of an operation that timed "
+                           "out: the group is of no further use, so the ranks were restarted "
+                           "with a new process group and empty namespaces.")
     if call.stuck:
         return "kept", (f"{_were(call.stuck)} interrupted where they waited; every rank is "
                         "idle again and keeps its namespace.")
     return "kept", "Every rank answered: the ranks keep their namespaces."
+
+
+def group_timed_out(call) -> list[int]:
+    """The ranks whose error says an operation of their process group timed out."""
+    return [rank for rank, reply in sorted(call.replies.items())
+            if reply.status == "error" and isinstance(reply.body, dict)
+            and any(sign in str(reply.body.get("message", "")).lower()
+                    for sign in GROUP_TIMEOUT_SIGNS)]
 
 
 def _were(ranks: list[int], verb: str = "") -> str:
