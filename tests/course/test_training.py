@@ -217,6 +217,19 @@ def test_step_throughput_reports_the_slowest_rank():
     assert rows[0]["speedup"] == 1.0 and rows[1]["efficiency"] == rows[1]["speedup"] / 2
 
 
+def test_step_flops_of_the_two_workloads_do_not_depend_on_load():
+    """Notebook 06 asserts the 28x28 step's compute against the 8x8 one's in FLOPs, which
+    load cannot move (two timed launches compared under load failed)."""
+    from ddp_lab.course.ch06_training.throughput import StepConfig, step_flops
+
+    small = step_flops(StepConfig(image_size=8))
+    large = step_flops(StepConfig(per_rank_batch=64, image_size=28))
+    assert step_flops(StepConfig(image_size=8)) == small  # counted, not timed: the same every run
+    assert small["sample_flops"] * 32 == small["step_flops"]
+    assert 20 < large["step_flops"] / small["step_flops"] < 24.5
+    assert 10 < large["sample_flops"] / small["sample_flops"] < 12.25
+
+
 def test_each_rank_brings_its_own_loader_workers():
     from ddp_lab.course.ch06_training import oversubscription
     footprints = ddp_lab.run(oversubscription.loader_footprint, 2, kwargs={"num_workers": 3},

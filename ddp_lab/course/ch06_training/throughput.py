@@ -51,6 +51,24 @@ def step_throughput(config: StepConfig = StepConfig()) -> dict:
             "samples_per_s": world * config.per_rank_batch / slowest[0]}
 
 
+def step_flops(config: StepConfig = StepConfig()) -> dict:
+    """FLOPs of one training step (forward, backward, SGD) of one rank's batch, counted by
+    ``torch.utils.flop_counter.FlopCounterMode`` in this process: a figure load cannot move,
+    unlike the timings. Returns the step's and the per-sample FLOPs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    images = torch.rand(config.per_rank_batch, 1, config.image_size, config.image_size)
+    labels = torch.randint(0, 10, (config.per_rank_batch,))
+    with FlopCounterMode(display=False) as counter:
+        optimizer.zero_grad()
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+    flops = counter.get_total_flops()
+    return {"step_flops": flops, "sample_flops": flops / config.per_rank_batch}
+
+
 def _time_steps(model, optimizer, images, labels, config) -> tuple[float, float]:
     """Median seconds of a synced and of a ``no_sync`` step, alternated so that load from
     elsewhere on the machine hits both kinds alike."""
