@@ -173,6 +173,26 @@ def test_resumed_run_is_bit_identical():
     assert isinstance(plots.resume_plot(runs), Figure)
 
 
+def _resume_from_own_folder(shared, local):
+    import os
+    import torch.distributed as dist
+    path = shared if dist.get_rank() == 0 else local     # rank 1 cannot see rank 0's file
+    return ddp_checkpoint.train_toy(ddp_checkpoint.ResumeConfig(), os.path.join(path, "toy.pt"))
+
+
+def test_a_rank_that_cannot_see_the_checkpoint_is_an_error_not_a_fresh_start(tmp_path):
+    """Without the agreement rank 1 started at step 0 while rank 0 resumed at 5, their
+    all-reduces paired different steps, and the run ended in 'rank 0 left the run early'."""
+    import os
+    shared, local = tmp_path / "shared", tmp_path / "local"
+    shared.mkdir(), local.mkdir()
+    ddp_lab.run(ddp_checkpoint.train_toy, world_size=2, echo=False,
+                args=(ddp_checkpoint.ResumeConfig(), os.path.join(shared, "toy.pt"), 4))
+    with pytest.raises(ddp_lab.WorkerError, match="not every rank sees the checkpoint"):
+        ddp_lab.run(_resume_from_own_folder, world_size=2, args=(str(shared), str(local)),
+                    echo=False, timeout=60)
+
+
 def test_numpy_in_dataloader_workers_differs_and_repeats_without_worker_init_fn():
     first, second = run(ddp_seeds.numpy_in_workers, 2), run(ddp_seeds.numpy_in_workers, 2)
     draws = [d for rank in first for d in rank]

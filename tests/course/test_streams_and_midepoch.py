@@ -46,6 +46,17 @@ def test_a_mid_epoch_resume_repeats_the_uninterrupted_run(tmp_path):
         assert all(map(torch.equal, resumed["weights"], full["weights"][6:]))
         assert runs["resumed, no RNG state"][rank]["losses"] != resumed["losses"]
     assert isinstance(plots.resume_plot({k: v[0] for k, v in runs.items()}), Figure)
+    # the loader's own generator: another seed on each rank and in each epoch (workers would
+    # otherwise draw the same augmentation everywhere), the same one again after the resume
+    seeds = [runs["uninterrupted"][rank]["loader_seeds"] for rank in range(2)]
+    assert len({s for per_rank in seeds for s in per_rank.values()}) == 4, seeds
+    assert all(runs["resumed"][rank]["loader_seeds"][1] == seeds[rank][1] for rank in range(2))
+
+
+def test_loader_base_seeds_differ_by_epoch_and_rank():
+    bases = midepoch.worker_base_seeds(seed=0, epochs=2, world_size=3)
+    assert len(set(bases.values())) == 6
+    assert bases == midepoch.worker_base_seeds(seed=0, epochs=2, world_size=3)
 
 
 def test_rng_states_round_trip_and_the_loader_trap():

@@ -12,7 +12,9 @@ One trap: each time a DataLoader iterator starts, it draws a base seed for its w
 its ``generator``, the global one by default, even with ``num_workers=0``
 (``_BaseDataLoaderIter.__init__``, torch/utils/data/dataloader.py). A resumed run starts
 its iterator at another point of the global stream than the uninterrupted one did, so the
-loader gets a generator of its own here.
+loader gets a generator of its own here, seeded from (seed, epoch, rank)
+(``loader_generator``): one seed for all would give every rank's workers, in every epoch,
+the same seeds and so the same random augmentation, the "same seed everywhere" mistake.
 
 torchdata's ``StatefulDataLoader`` keeps such a position in its own ``state_dict``.
 """
@@ -33,6 +35,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
+from ddp_lab.course.ch05_ddp_basics.resume import same_start_on_every_rank
 from ddp_lab.course.checkpoint import load_if_present, save_on_rank0
 from ddp_lab.course.models import ToyModel
 from ddp_lab.course.params import device_ids, flat_params
@@ -102,6 +105,8 @@ def save_position(path, model, optimizer, epoch: int, batches_done: int) -> None
 def load_position(path, model, optimizer, device, restore_rng: bool) -> tuple[int, int]:
     """(epoch, batches already done in it) from the checkpoint, (0, 0) without one."""
     state = load_if_present(path, device)
+    epoch, done = (0, 0) if state is None else (state["epoch"], state["batches_done"])
+    same_start_on_every_rank(path, device, epoch=epoch, batches_done=done)
     if state is None:
         return 0, 0
     model.load_state_dict(state["model"])
@@ -116,7 +121,7 @@ def train_epochs(config: EpochConfig = EpochConfig(), checkpoint=None, stop_afte
     """Worker: DDP training over a DistributedSampler's shards for ``config.epochs``; with
     ``checkpoint``, resume from it if present and save after every step; stop after global
     step ``stop_after``. Returns the steps run, their losses (rank 0's), the sample indices
-    of each step and the weights after it."""
+    of each step, the weights after it and each epoch's loader seed."""
     rank, device = dist.get_rank(), rank_device()
     torch.manual_seed(config.seed)
     model = ToyModel().to(device)
@@ -126,14 +131,15 @@ def train_epochs(config: EpochConfig = EpochConfig(), checkpoint=None, stop_afte
     data = dataset(config)
     sampler = DistributedSampler(data, shuffle=True, seed=config.seed)
     start_epoch, skip = load_position(checkpoint, model, optimizer, device, restore_rng)
-    history = {"steps": [], "losses": [], "samples": [], "weights": []}
+    history = {"steps": [], "losses": [], "samples": [], "weights": [], "loader_seeds": {}}
     steps_per_epoch = math.ceil(len(sampler) / config.batch_size)
     for epoch in range(start_epoch, config.epochs):
         sampler.set_epoch(epoch)
         first = skip if epoch == start_epoch else 0
         loader = DataLoader(data, batch_size=config.batch_size,
                             sampler=SkipSampler(sampler, first * config.batch_size),
-                            generator=torch.Generator().manual_seed(config.seed))
+                            generator=loader_generator(config.seed, epoch, rank))
+        history["loader_seeds"][epoch] = loader.generator.initial_seed()
         for batch, (x, y, index) in enumerate(loader, start=first):
             step = epoch * steps_per_epoch + batch
             loss = _train_step(ddp_model, optimizer, x.to(device), y.to(device), config)
@@ -143,6 +149,23 @@ def train_epochs(config: EpochConfig = EpochConfig(), checkpoint=None, stop_afte
             if step == stop_after:
                 return history
     return history
+
+
+def loader_generator(seed: int, epoch: int, rank: int) -> torch.Generator:
+    """The loader's own generator, seeded from (seed, epoch, rank): each rank's workers, in
+    each epoch, get other seeds (worker i seeds with the iterator's base seed + i), and a
+    resumed run rebuilds the same one for the same epoch and rank."""
+    mixed = ((seed * 1_000_003 + epoch) * 1_000_033 + rank) % 2**63
+    return torch.Generator().manual_seed(mixed)
+
+
+def worker_base_seeds(seed: int, epochs: int, world_size: int) -> dict:
+    """The base seed each (epoch, rank) loader's iterator draws for its workers from
+    ``loader_generator``, as ``_BaseDataLoaderIter.__init__`` draws it
+    (torch/utils/data/dataloader.py)."""
+    return {(epoch, rank): iter(DataLoader(range(4),
+                                           generator=loader_generator(seed, epoch, rank)))._base_seed
+            for epoch in range(epochs) for rank in range(world_size)}
 
 
 def _train_step(ddp_model, optimizer, x, y, config: EpochConfig) -> float:

@@ -75,6 +75,8 @@ def resume(checkpoint, model: nn.Module, optimizer, device) -> int:
     return the first step still to run. ``optimizer=None`` drops its saved state: the
     classic mistake of checkpointing the model only."""
     state = load_if_present(checkpoint, device)
+    start = 0 if state is None else state["step"] + 1
+    same_start_on_every_rank(checkpoint, device, step=start)
     if state is None:
         return 0
     model.load_state_dict(state["model"])
@@ -83,6 +85,26 @@ def resume(checkpoint, model: nn.Module, optimizer, device) -> int:
     if dist.get_rank() == 0:
         print(f"resumed from step {state['step']}: continuing at step {state['step'] + 1}")
     return state["step"] + 1
+
+
+def same_start_on_every_rank(checkpoint, device, **position: int) -> None:
+    """Raise on every rank, before training, where the ranks would start at different
+    positions: "save on rank 0, load on all" needs every rank to read the same file, and a
+    rank that cannot see it would otherwise start from scratch without a word, its
+    all-reduces paired with other steps of the others (DDP's constructor has already
+    broadcast, so nothing re-syncs the weights)."""
+    mine = torch.tensor(list(position.values()), dtype=torch.int64, device=device)
+    lowest, highest = mine.clone(), mine.clone()
+    dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
+    dist.all_reduce(highest, op=dist.ReduceOp.MAX)
+    if not torch.equal(lowest, highest):
+        spread = ", ".join(f"{name} {lo}..{hi}" for name, lo, hi in
+                           zip(position, lowest.tolist(), highest.tolist()))
+        raise RuntimeError(
+            f"the ranks would resume at different positions ({spread}; rank "
+            f"{dist.get_rank()} at {position}): not every rank sees the checkpoint "
+            f"{checkpoint}. Save it where every rank reads it (a shared file system) or copy "
+            "it to each node before restarting.")
 
 
 def stop_and_resume(folder, stop_after: int = 4,
