@@ -124,3 +124,23 @@ def both_ep_dp(config: MoEConfig = MoEConfig(), ep: int = 2) -> dict:
     if dist.get_rank() == 0:
         result["one process"] = one_process_mean(config, dist.get_world_size(), solo[0])
     return result
+
+
+def wrapped_in_ddp(config: MoEConfig = MoEConfig()) -> dict:
+    """What DDP over all the ranks does to ``scratch.MoE`` (notebook 13): the experts differ
+    from rank to rank with the same shapes, so ``DistributedDataParallel(moe)`` accepts the
+    layer and broadcasts rank 0's parameters over every rank's. Returns whether this rank's
+    experts still equal the ones built for it after ``DDP(...)``, and what the first forward
+    raised (``scratch.MoE`` refuses to run inside such a DDP)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    moe = make_moe(config)
+    built = [p.detach().clone() for p in moe.experts.parameters()]
+    wrapped = DDP(moe)
+    kept = all(torch.equal(p, b) for p, b in zip(moe.experts.parameters(), built))
+    try:
+        wrapped(tokens(config, dist.get_rank()))
+        error = None
+    except RuntimeError as err:
+        error = str(err)
+    return {"experts kept": kept, "first expert": moe.first_expert, "error": error}
