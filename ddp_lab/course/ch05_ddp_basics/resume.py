@@ -3,8 +3,9 @@
 Rank 0 alone saves (all ranks hold the same weights), a barrier keeps the others from
 reading a file still being written, and every rank loads with ``map_location`` so tensors
 saved from ``cuda:0`` land on its own device (``ddp_lab.course.checkpoint`` does these three). A run
-stopped after step s and resumed from its checkpoint must then continue bit for bit like a
-run that was never stopped: that needs the optimizer's state (momentum) in the checkpoint,
+stopped after step s and resumed from its checkpoint must then continue like a run that was
+never stopped (bit for bit on 2 ranks, to float rounding on 3 or more: a sum of three
+gradients depends on the order the all-reduce adds them in): that needs the optimizer's state (momentum) in the checkpoint,
 and data that depends only on (seed, step, rank), not on how long the process has lived.
 """
 
