@@ -111,6 +111,17 @@ def test_ping_pong_arithmetic():
     assert "1 MiB" in result.table()
 
 
+def test_the_shaped_fit_has_three_sizes_past_the_burst_and_finds_a_line():
+    from ddp_lab.course.ch02_point_to_point import shaped
+    assert [s for s in shaped.SHAPED_CONFIG.sizes if s >= shaped.FIT_FROM] == [1 << 20, 2 << 20,
+                                                                            4 << 20]
+    line = p2p.PingPong({s: [2 * (1e-4 + s / 25e6)] for s in shaped.SHAPED_CONFIG.sizes})
+    fit = shaped.fit_alpha_beta(line)
+    assert fit.alpha == pytest.approx(1e-4) and fit.bandwidth == pytest.approx(25e6)
+    with pytest.raises(ValueError, match="two sizes"):
+        shaped.fit_alpha_beta(p2p.PingPong({1: [1e-4], 1 << 20: [1e-2]}))
+
+
 @pytest.mark.parametrize("n, text", [(1, "1 B"), (1023, "1023 B"), (4096, "4 KiB"),
                                      (3 << 19, "1.5 MiB"), (64 << 20, "64 MiB")])
 def test_format_bytes(n, text):

@@ -4,8 +4,10 @@ fit find the bandwidth the link was given?
 Each rank sits in a network namespace of its own with one link to a bridge, shaped by a
 token bucket (tc tbf) in both directions. A message from rank 0 to rank 1 leaves through
 rank 0's link and arrives through rank 1's; both run at the configured rate, so a large
-message takes ``n / bandwidth``. The bucket lets a burst (256 KiB here) through at full
-speed, so small messages do not feel the shaping at all, and a fit must use large ones.
+message takes ``n / bandwidth``. The bucket lets one burst (256 KiB here) through at full
+speed and refills at the link's rate: a single small message does not feel the shaping,
+messages sent back to back do once they add up to the burst, and a fit of the rate must use
+sizes well past it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from dataclasses import dataclass
 
 from ddp_lab.course.ch02_point_to_point.point_to_point import PingPong, PingPongConfig, ping_pong
 
-# 1 B .. 4 MiB: at 200 Mbit/s a 4 MiB message takes 0.17 s each way
-SHAPED_CONFIG = PingPongConfig(sizes=tuple(4 ** k for k in range(12)), repeats=3, warmup=1)
+# 1 B .. 4 MiB in powers of 4, and 2 MiB: three sizes from FIT_FROM up, so that least squares
+# has a point more than a line needs. At 200 Mbit/s a 4 MiB message takes 0.17 s each way.
+SHAPED_CONFIG = PingPongConfig(sizes=tuple(sorted({4 ** k for k in range(12)} | {2 << 20})),
+                               repeats=3, warmup=1)
 FIT_FROM = 1 << 20  # past the token bucket's burst: the slope is the link's rate
 
 
