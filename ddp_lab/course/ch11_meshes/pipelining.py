@@ -123,13 +123,17 @@ def m_refused(config: PipeliningConfig) -> dict:
 
 
 def peak_in_flight(result: dict) -> int:
-    """The most micro-batches whose forward this rank's stages held at once: a stage keeps a
-    forward's outputs from F (``fwd_cache[chunk] = ...``) until its B or I pops them
-    (T/distributed/pipelining/stage.py, ``forward_one_chunk``, ``backward_one_chunk``);
-    counted from the recorded order, over the rank's stages."""
+    """The most micro-batches whose forward this rank's stages held at once, counted from
+    the recorded order over the rank's stages: from F until B, or with a split backward
+    until W. F keeps the forward's outputs (``fwd_cache[chunk] = ...``,
+    T/distributed/pipelining/stage.py ``forward_one_chunk``); I pops them but then stores
+    ``backward_state[chunk] = (input_values, param_groups, stage_output, output_grads)``
+    (stage.py:1031-1036) after an ``autograd.grad(..., retain_graph=True)``
+    (_backward.py:250), so every activation the weight gradients need stays alive until W
+    pops that state (stage.py:1078-1083). I frees only the output side of the graph."""
     held = peak = 0
     for label in order(result["spans"]):
-        held += 1 if label[0] == "F" else -1 if label[0] in "BI" else 0
+        held += 1 if label[0] == "F" else -1 if label[0] in "BW" else 0
         peak = max(peak, held)
     return peak
 
