@@ -27,11 +27,14 @@ from ddp_lab.course.models import ToyModel
 from ddp_lab.course.params import flat_params
 
 
-def overflow_on_one_rank(steps: int = 4, bad_step: int = 1, bad_rank: int = 1) -> list[dict]:
-    """Train ToyModel under DDP with bf16 autocast and a GradScaler; at ``bad_step`` one
-    input value on ``bad_rank`` alone is inf. Per step: whether this rank's own batch was
-    finite, whether its gradients were, whether the step was taken, the scale after it, and
-    the all-reduces of backward as (dtype, bytes)."""
+def overflow_on_one_rank(steps: int = 4, bad_step: int = 1, bad_rank: int = 1,
+                         bad_factor: float = 1000.0) -> list[dict]:
+    """Train ToyModel under DDP with fp16 autocast and a GradScaler; at ``bad_step`` the
+    inputs of ``bad_rank`` alone are ``bad_factor`` times larger, and its scaled fp16
+    backward overflows. Per step: whether this rank's own gradients (a ``no_sync`` backward
+    of the same batch, before any all-reduce) were finite, whether its all-reduced gradients
+    were, whether the step was taken, the scale after it, and the all-reduces of backward as
+    (dtype, bytes)."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DDP(ToyModel())
@@ -41,26 +44,38 @@ def overflow_on_one_rank(steps: int = 4, bad_step: int = 1, bad_rank: int = 1) -
     for step in range(steps):
         inputs, targets = _batch(rank, step)
         if step == bad_step and rank == bad_rank:
-            inputs[0, 0] = float("inf")
+            inputs = inputs * bad_factor
         before = flat_params(model).clone()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            outputs = model(inputs)
-        loss = F.mse_loss(outputs.float(), targets)
         optimizer.zero_grad()
+        with model.no_sync():  # this rank's own gradients, no all-reduce: only to look at them
+            scaler.scale(_loss(model, inputs, targets)[0]).backward()
+        own_finite = _finite_grads(model)
+        optimizer.zero_grad()
+        loss, forward_dtype = _loss(model, inputs, targets)
         with CollectiveTrace() as trace:
             scaler.scale(loss).backward()
-        grads_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+        grads_finite = _finite_grads(model)
         scaler.step(optimizer)
         scaler.update()
-        record.append({"step": step, "own_batch_finite": bool(torch.isfinite(inputs).all()),
+        record.append({"step": step, "own_grads_finite": own_finite,
                        "grads_finite": grads_finite,
                        "stepped": not torch.equal(before, flat_params(model)),
                        "scale": float(scaler.get_scale()),
                        "all_reduced": [(str(c.dtype).replace("torch.", ""), c.nbytes)
                                        for c in trace.of("all_reduce")],
-                       "forward_dtype": str(outputs.dtype).replace("torch.", "")})
+                       "forward_dtype": forward_dtype})
     record.append({"params": flat_params(model).clone()})
     return record
+
+
+def _loss(model, inputs, targets) -> tuple[torch.Tensor, str]:
+    with torch.autocast("cpu", dtype=torch.float16):
+        outputs = model(inputs)
+    return F.mse_loss(outputs.float(), targets), str(outputs.dtype).replace("torch.", "")
+
+
+def _finite_grads(model) -> bool:
+    return all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
 
 
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
