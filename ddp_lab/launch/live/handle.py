@@ -9,8 +9,9 @@ process group, until ``close()``.
 
 Every call raises what ``ddp_lab.run`` raises for the same failure (``WorkerError``,
 ``WorkerTimeout``), with ``err.session`` saying what became of the ranks: ``"kept"`` (every
-rank answered; namespaces intact), ``"restart"`` (a rank could not be interrupted: new
-ranks were started, namespaces empty) or ``"stopped"`` (a rank died: ``restart()``).
+rank answered; namespaces intact), ``"restart"`` (a rank could not be interrupted, or a
+process-group operation timed out and left the group of no further use: new ranks were
+started, namespaces empty) or ``"stopped"`` (a rank died: ``restart()``).
 """
 
 from __future__ import annotations

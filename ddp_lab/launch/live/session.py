@@ -6,7 +6,8 @@ run's (launch/session.py): a live session only adds two pipes per rank (calls do
 and replaces "wait until every rank exited" by "wait until every rank replied". What
 happens to the ranks after a failure is decided here and said on the exception
 (``err.session``): ``"kept"`` (every rank answered: namespaces intact), ``"restart"`` (some
-rank cannot answer: handle.py starts new ones) or ``"stopped"`` (a rank died).
+rank cannot answer, or a group operation timed out: handle.py starts new ones) or
+``"stopped"`` (a rank died).
 """
 
 from __future__ import annotations
