@@ -67,6 +67,28 @@ def test_flight_recorder_analyzer_names_the_rank_that_did_not_join(tmp_path):
     assert "missing ranks: {1}" in analysis.stdout
 
 
+def _two_groups(folder):
+    import torch
+    import torch.distributed as dist
+    group = dist.new_group(group_desc="training")
+    t = torch.ones(10)
+    dist.all_reduce(t)                 # on WORLD
+    dist.all_reduce(t, group=group)    # on the subgroup
+    trace = flight_recorder.dump(folder, group)
+    return sorted({e["process_group"][0] for e in trace["entries"]}), sorted(trace["pg_config"])
+
+
+def test_flight_recorder_dump_has_a_row_for_every_group_the_entries_name(tmp_path):
+    """IP-08b-3: with collectives on WORLD and on a subgroup, a table of the passed group
+    alone made torch's analyzer fail with a KeyError."""
+    results = ddp_lab.run(_two_groups, world_size=2, args=(str(tmp_path),), echo=False,
+                          timeout=60).values
+    for groups, rows in results:
+        assert len(groups) == 2 and set(groups) <= set(rows)
+    analysis = flight_recorder.analyze(str(tmp_path))
+    assert analysis.returncode == 0, analysis.stdout[-2000:]
+
+
 def test_ddp_segfaults_under_detail_with_plain_torchrun_and_runs_under_info():
     """What notebook 08 says: under DETAIL the constructor crashes; under INFO DDP is built,
     runs a backward and the script exits cleanly (it imports torch.distributed.nn first: see

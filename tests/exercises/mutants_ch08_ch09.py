@@ -231,6 +231,18 @@ def last_entry_of_each(records):
     """The reference's idea with entries[-1]: trips on a rank that recorded nothing."""
     last = {rank: entries[-1][0] for rank, entries in records.items()}
     stuck = min(last.values()) + 1
+    if stuck > max(last.values()):
+        return None
+    names = {s: n for entries in records.values() for s, n in entries}
+    return stuck, names.get(stuck), sorted(r for r, s in last.items() if s < stuck)
+
+
+def level_when_name_dropped(records):
+    """IP-08b-1: the earlier reference, None ("level") when no buffer still holds the stuck
+    collective, though the ranks are not level."""
+    last = {rank: max((seq for seq, _ in entries), default=0)
+            for rank, entries in records.items()}
+    stuck = min(last.values()) + 1
     names = {s: n for entries in records.values() for s, n in entries}
     if stuck not in names:
         return None
@@ -251,6 +263,8 @@ def sorted_scan(records):
         for seq, name in entries:
             if seq == behind + 1:
                 return [seq, name, {r for r, s in last.items() if s == behind}]
+    if behind < max(last.values()):  # every buffer dropped it: name unknown
+        return [behind + 1, None, {r for r, s in last.items() if s == behind}]
     return None
 
 
@@ -452,6 +466,7 @@ MUTANTS = [
     ("08.stop_together", functional_min_off_by_one, "exactly min"),
     ("08b.first_unjoined", last_entry_of_each, "recorded nothing"),
     ("08b.first_unjoined", level_when_same_length, "not the lengths"),
+    ("08b.first_unjoined", level_when_name_dropped, "None only when all ranks are level"),
     ("09.node_sum", imported_everyone_sum, "default group"),
     ("09.node_sum", process_group_everyone_sum, "default group"),
     ("09.node_sum", functional_everyone_sum, "default group"),

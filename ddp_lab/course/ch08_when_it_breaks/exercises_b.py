@@ -6,8 +6,9 @@ is a list of ``(seq, collective)`` entries, the collectives that rank issued, by
 number. The records are random per check: world sizes 1-8, a ring buffer that has dropped
 each rank's oldest entries (so the lists start at different seqs and their lengths say
 nothing), ranks that joined the stuck collective and went on with async ones, and on every
-check full buffers of equal lengths with ranks behind, and ranks stuck at the very first
-collective (their records are empty). A pure function, checked in this process.
+check full buffers of equal lengths with ranks behind, buffers that have all dropped the
+stuck collective (its name is then unknown: ``None`` in its place), and ranks stuck at the
+very first collective (their records are empty). A pure function, checked in this process.
 """
 
 from __future__ import annotations
@@ -22,19 +23,20 @@ NAMES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier")
 
 
 def first_unjoined(records: dict[int, list[tuple[int, str]]]):
-    """Reference: the lowest sequence number that some rank recorded and some rank did not
-    reach, with its collective and the ranks that did not reach it; None when every rank
-    reached every collective. A rank "reached" seq s when its last recorded seq is >= s (its
+    """Reference: the lowest sequence number that some rank reached and some rank did not,
+    with its collective and the ranks that did not reach it; None when every rank is level
+    (all last seqs equal). A rank "reached" seq s when its last recorded seq is >= s (its
     ring buffer may have dropped s itself); sequence numbers are per process group and go up
-    by one per collective on every rank."""
+    by one per collective on every rank. When every buffer has dropped the stuck collective,
+    its name is unknown: ``(seq, None, ranks)``, never None (the ranks are not level)."""
     last = {rank: max((seq for seq, _ in entries), default=0)
             for rank, entries in records.items()}
     stuck_at = min(last.values()) + 1
-    names = {seq: name for entries in records.values() for seq, name in entries}
-    if stuck_at not in names:
+    if stuck_at > max(last.values()):
         return None
+    names = {seq: name for entries in records.values() for seq, name in entries}
     behind = sorted(rank for rank, seq in last.items() if seq < stuck_at)
-    return stuck_at, names[stuck_at], behind
+    return stuck_at, names.get(stuck_at), behind
 
 
 def random_records(rng: random.Random, first_collective_stuck: bool = False):
@@ -77,10 +79,31 @@ def full_buffers(rng: random.Random):
     return records, (k, names[k], missing)
 
 
+def stuck_dropped(rng: random.Random):
+    """Records in which every ring buffer has dropped the stuck collective k: the ranks that
+    reached it went on with async ones and kept only later entries, the others stopped at
+    k - 1. Not level, and the name of k is unknown: the answer is ``(k, None, missing)``."""
+    world, capacity = rng.randint(2, 8), rng.randint(2, 4)
+    k = rng.randint(2, 10)
+    names = {seq: rng.choice(NAMES) for seq in range(1, k + capacity + 3)}
+    missing = sorted(rng.sample(range(world), rng.randint(1, world - 1)))
+    records = {}
+    for rank in range(world):
+        if rank in missing:
+            last, first = k - 1, max(1, k - rng.randint(1, capacity))
+        else:
+            last = k + capacity + rng.randint(0, 2)
+            first = last + 1 - capacity                      # > k: k was dropped
+        records[rank] = [(seq, names[seq]) for seq in range(first, last + 1)]
+    return records, (k, None, missing)
+
+
 def _trials(rng: random.Random):
-    """The check's records in order: full buffers first, then random ones, the last with
-    ranks stuck at the very first collective (empty records)."""
+    """The check's records in order: full buffers first, then buffers that all dropped the
+    stuck collective, then random ones, the last with ranks stuck at the very first
+    collective (empty records)."""
     yield full_buffers(rng)
+    yield stuck_dropped(rng)
     for trial in range(TRIALS):
         yield random_records(rng, first_collective_stuck=trial == TRIALS - 1)
 
@@ -105,9 +128,10 @@ def check_first_unjoined(fn) -> str:
                 f"(seed {seed}) records (rank: [(seq, collective), ...]) {records}: expected "
                 f"{want!r}, got {got!r}. The ring buffer keeps only the newest entries, so "
                 "compare the LAST seq of each rank, not the lengths; the stuck collective is "
-                "one past the smallest last seq; None when all ranks are level.")
-    return (f"the stuck collective and its missing ranks in {TRIALS + 1} records: full "
-            f"buffers, then random ones (seed {seed})")
+                "one past the smallest last seq (its name None when no record still holds it); None "
+                "only when all ranks are level.")
+    return (f"the stuck collective and its missing ranks in {TRIALS + 2} records: full "
+            f"buffers, buffers that all dropped it, then random ones (seed {seed})")
 
 
 def _normal(got):
@@ -123,16 +147,18 @@ EXERCISES = (
         name="08b.first_unjoined",
         notebook="08b_debugging_today",
         summary="my_first_unjoined(records): (seq, collective, ranks that never joined) of "
-                "the first collective not every rank reached, or None",
+                "the first collective not every rank reached (collective None when no record holds "
+                "it), or None when level",
         hint="a ring buffer drops a rank's oldest entries, so neither the lengths nor the "
              "first entries say how far a rank got; its newest entry does, and sequence "
              "numbers go up by one per collective on every rank. A rank may have recorded "
-             "nothing at all.",
+             "nothing at all, and every buffer may have dropped the stuck collective itself.",
         recipe="last = {rank: max((seq for seq, _ in entries), default=0) for rank, entries "
-               "in records.items()}; stuck = min(last.values()) + 1; names = {seq: name for "
-               "entries in records.values() for seq, name in entries}; if stuck not in "
-               "names: return None (every rank is level); else return (stuck, names[stuck], "
-               "sorted(rank for rank, seq in last.items() if seq < stuck)).",
+               "in records.items()}; stuck = min(last.values()) + 1; if stuck > "
+               "max(last.values()): return None (every rank is level); names = {seq: name "
+               "for entries in records.values() for seq, name in entries}; return (stuck, "
+               "names.get(stuck), sorted(rank for rank, seq in last.items() if seq < "
+               "stuck)).",
         solution=first_unjoined,
         checker=check_first_unjoined,
     ),

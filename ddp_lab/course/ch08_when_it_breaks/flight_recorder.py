@@ -9,7 +9,8 @@ watchdog dumps it on a timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``); with gloo nothi
 automatically, but ``torch._C._distributed_c10d._dump_fr_trace()`` returns the same pickle
 on demand, and ProcessGroupGloo does record into it (its ``AsyncWork`` carries a
 ``trace_id_``). What a gloo dump lacks, in torch 2.13: the start and completion times, and
-the ``pg_config`` table that ProcessGroupNCCL fills when it creates a communicator. The
+the ``pg_config`` table that ProcessGroupNCCL fills when it creates a communicator (gloo's
+has one row with an empty name). The
 analyzer (``torchfrtrace``, ``torch/distributed/flight_recorder/fr_trace.py``) needs that
 table, so ``dump`` adds it from what every rank knows about its group.
 """
@@ -32,13 +33,24 @@ PREFIX = "fr_trace_"
 
 def dump(folder: str, group=None) -> dict:
     """This rank's Flight Recorder buffer, with the group table the analyzer needs, written
-    to ``folder/fr_trace_<rank>`` (the ``<prefix><rank>`` names the analyzer expects)."""
+    to ``folder/fr_trace_<rank>`` (the ``<prefix><rank>`` names the analyzer expects).
+
+    The table gets a row for EVERY process group this rank belongs to (the default group,
+    DDP's, any ``new_group``), not only ``group``: the buffer is shared by all of them, and
+    the analyzer fails with a ``KeyError`` on an entry whose group has no row. ``group``
+    (default: WORLD) must be one of them."""
     trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
     group = group or dist.group.WORLD
-    name = group.group_name
-    if not trace["pg_config"].get(name):
-        trace["pg_config"] = {name: {"name": name, "desc": group.group_desc,
-                                     "ranks": json.dumps(dist.get_process_group_ranks(group))}}
+    groups = list(dist.distributed_c10d._world.pg_map)
+    if group not in groups:
+        raise ValueError(f"dump: this rank ({dist.get_rank()}) is not in group "
+                         f"{group.group_name!r}; pass a group it belongs to, or none")
+    config = {name: row for name, row in (trace["pg_config"] or {}).items() if name}
+    for pg in groups:
+        if not config.get(pg.group_name):
+            config[pg.group_name] = {"name": pg.group_name, "desc": pg.group_desc,
+                                     "ranks": json.dumps(dist.get_process_group_ranks(pg))}
+    trace["pg_config"] = config
     with open(os.path.join(folder, f"{PREFIX}{dist.get_rank()}"), "wb") as f:
         pickle.dump(trace, f)
     return trace
