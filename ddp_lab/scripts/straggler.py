@@ -5,8 +5,9 @@ in PyTorch's DDP tutorial), under a process-group timeout of your choice.
     ddp_lab.run_script(script_path("straggler.py"), world_size=3, script_args=[...])
 
 The slow rank sleeps ``--delay`` seconds per step before its forward pass (a slow disk, a
-busy neighbour). Every rank times each step and the part of it before ``backward()``: the
-rest is the gradient all-reduce, where the fast ranks wait for the slow one. When a wait
+busy neighbour). Every rank times each step, the part of it before ``backward()`` and the
+part through ``backward()``: ``backward()`` holds the gradient all-reduce, where the fast
+ranks wait for the slow one; ``optimizer.step()`` is timed apart, not charged to it. When a wait
 lasts longer than ``--pg-timeout`` (``init_process_group(timeout=...)``), the waiting ranks
 give up with gloo's timeout error. A script rather than a function because each rank must
 create its own process group with that timeout.
@@ -40,9 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def timed_steps(ddp_model, steps: int, delay: float) -> dict[str, list[float]]:
-    """Seconds per step, and the part of each step spent before ``backward()``."""
+    """Seconds per step, and the parts of each step up to the start and to the end of
+    ``backward()`` (the rest of the step is ``optimizer.step()``)."""
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
-    before_backward, total = [], []
+    before_backward, through_backward, total = [], [], []
     for _ in range(steps):
         began = time.perf_counter()
         time.sleep(delay)  # this rank's extra work: 0 on the fast ranks
@@ -50,9 +52,11 @@ def timed_steps(ddp_model, steps: int, delay: float) -> dict[str, list[float]]:
         loss = F.mse_loss(ddp_model(torch.randn(20, 10)), torch.randn(20, 5))
         before_backward.append(time.perf_counter() - began)
         loss.backward()  # the gradient all-reduce: every rank leaves it together
+        through_backward.append(time.perf_counter() - began)
         optimizer.step()
         total.append(time.perf_counter() - began)
-    return {"before_backward": before_backward, "step": total}
+    return {"before_backward": before_backward, "through_backward": through_backward,
+            "step": total}
 
 
 def main(argv=None) -> None:

@@ -41,14 +41,22 @@ def test_only_the_hand_made_split_is_uneven():
         uneven_inputs.shard_indices("sideways", 0, 2)
 
 
-def test_step_times_summaries_leave_out_the_first_step():
+def test_step_times_summaries_leave_out_the_first_two_steps_and_the_optimizer():
+    """IP-08-1: step 1's forward waits for the straggler in the bucket rebuild's broadcasts,
+    so the means start at step 2; IP-08-2: optimizer.step() is not charged to backward."""
     times = stragglers.StepTimes.from_values([
-        {"rank": 0, "slow": False, "step": [1.0, 0.2, 0.4], "before_backward": [0.5, 0.0, 0.0]},
-        {"rank": 1, "slow": True, "step": [1.0, 0.2, 0.4], "before_backward": [0.5, 0.2, 0.4]},
+        {"rank": 0, "slow": False, "step": [1.0, 0.3, 0.25, 0.45],
+         "before_backward": [0.5, 0.2, 0.0, 0.0], "through_backward": [0.9, 0.25, 0.2, 0.4]},
+        {"rank": 1, "slow": True, "step": [1.0, 0.3, 0.25, 0.45],
+         "before_backward": [0.5, 0.2, 0.2, 0.4], "through_backward": [0.9, 0.25, 0.2, 0.4]},
     ], delay=0.2)
     assert times.slow_rank == 1
-    assert times.mean_ms() == pytest.approx([300.0, 300.0])
+    assert times.mean_ms() == pytest.approx([350.0, 350.0])
+    assert times.mean_ms("before_backward") == pytest.approx([0.0, 300.0])
     assert times.waiting_ms() == pytest.approx([300.0, 0.0])
+    assert times.optimizer_ms() == pytest.approx([50.0, 50.0])
+    with pytest.raises(ValueError, match="run more than 2 steps"):
+        stragglers.StepTimes([[1.0, 0.2]], [[0.1, 0.1]], [[0.5, 0.1]], 0, 0.2).mean_ms()
     assert isinstance(step_times(times), Figure)
 
 

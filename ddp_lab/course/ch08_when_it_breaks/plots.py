@@ -37,10 +37,12 @@ def _work_vs_wait(ax, times) -> None:
     ax.barh(ranks, own, color="#4c72b0", label="own work (before backward)")
     ax.barh(ranks, waiting, left=own, color="#dd8452",
             label="backward: all-reduce, waiting for the slowest")
+    ax.barh(ranks, times.optimizer_ms(), left=[o + w for o, w in zip(own, waiting)],
+            color="#55a868", label="optimizer.step()")
     ax.set_yticks(list(ranks), [f"rank {r}" + (" (slow)" if r == times.slow_rank else "")
                                 for r in ranks])
     ax.set_ylim(len(times.step) - 0.4, -0.6)  # rank 0 on top
-    ax.set_xlabel("mean time per step (ms), steps 1+")
+    ax.set_xlabel("mean time per step (ms), steps 2+")
     ax.set_title("where each rank's step goes")
     ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25))
 
