@@ -17,6 +17,7 @@ import argparse
 import os
 import signal
 import socket
+import sys
 import time
 
 import torch
@@ -28,8 +29,9 @@ def worker(rank: int, world_size: int, port: int, hold_s: float) -> None:
     if hold_s:  # the orphan demo kills the parent as soon as every worker has printed
         # torch's spawn asks Linux for a SIGINT to each worker when its parent dies
         # (PR_SET_PDEATHSIG, torch/multiprocessing/spawn.py _wrap); a worker stuck in a
-        # collective's C++ wait never turns it into a KeyboardInterrupt. Ignoring SIGINT
-        # makes this worker just as deaf, so it is orphaned like that one. Ignored, not
+        # collective's C++ wait does not turn it into a KeyboardInterrupt until that wait
+        # ends (at the group's timeout). Ignoring SIGINT makes this worker deaf meanwhile,
+        # so it is orphaned like that one. Ignored, not
         # blocked: a mask holds only for this thread, and the kernel hands a process's
         # signal to any thread that does not block it (torch's own threads included).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -37,8 +39,11 @@ def worker(rank: int, world_size: int, port: int, hold_s: float) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
-    print(f"worker {rank} (pid {os.getpid()}, parent {os.getppid()}): all_reduce sum "
-          f"{total.item():g}", flush=True)
+    # one write of the whole line: print() writes text and newline apart, so two workers'
+    # lines on a shared pipe could run together
+    sys.stdout.write(f"worker {rank} (pid {os.getpid()}, parent {os.getppid()}): all_reduce "
+                     f"sum {total.item():g}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
     time.sleep(hold_s)  # the orphan demo: the parent dies meanwhile
 
