@@ -18,13 +18,19 @@ parameters (a "unit", here every such submodule):
 
 ``full_state_dict(model)`` gathers the full parameters back into an ordinary state dict.
 
+A frozen parameter (``requires_grad=False``) gives a frozen shard: it is gathered for
+forward, gets no gradient and is never reduce-scattered.
+
+Like torch's ``fully_shard``, it neither casts buffers (``MixedPrecisionPolicy`` has no
+buffer dtype) nor synchronizes them: every rank keeps its own buffers, so start every rank
+from the same ones (the same seed), as the course's models do. Unlike ``fully_shard``, which
+keeps each rank's rows of that rank's own copy, it broadcasts rank 0's parameters first.
+
 What it leaves out, on purpose (torch's ``fully_shard`` does each):
 - only a gathered weight itself is swapped for a token when autograd saves it (matched by
   its storage in ``_pack``); a tensor made from it with storage of its own (a cast under
   ``torch.autocast``, a ``.contiguous()`` copy) is saved whole until backward: memory, not
   correctness;
-- buffers are neither broadcast at construction nor cast to ``compute_dtype``: start every
-  rank from the same buffers (the same seed), as the course's models do;
 - each shard's ``.grad`` is set by ``sync_gradients()``, by hand: parameter hooks,
   ``torch.autograd.grad`` and an optimizer step inside backward do not see it;
 - ``model.state_dict()`` holds the flat shards (``shards.0``, ...), not the module's names:
@@ -127,7 +133,10 @@ class FSDP(nn.Module):
             owner = self.module.get_submodule(owner_name)
             dist.broadcast(param.data, src=0)  # every rank starts from rank 0's weights
             self.specs.append(ParamSpec(name, owner, attr, param.shape))
-            self.shards.append(nn.Parameter(shard_of(param.float(), rank, world)))
+            # a frozen parameter stays frozen: its shard gets no gradient, and nothing is
+            # reduce-scattered for it (nn.Parameter alone would make it trainable)
+            self.shards.append(nn.Parameter(shard_of(param.float(), rank, world),
+                                            requires_grad=param.requires_grad))
             del owner._parameters[attr]
             setattr(owner, attr, torch.empty(0))  # nothing full is kept between uses
         for unit in {spec.module for spec in self.specs}:

@@ -127,3 +127,36 @@ def test_bad_input_is_refused_with_advice():
     assert len(errors) == 5, errors
     assert "model.parameters()" in errors[0] and "torch.optim.Adam" in errors[1]
     assert "bfloat16" in errors[2] and "scratch FSDP" in errors[3] and "tied" in errors[4]
+
+
+def _frozen_first_layer(steps=3):
+    """scratch.FSDP on a model whose first layer is frozen (fine-tuning), 3 Adam steps on this
+    rank's rows of each global batch; review IP-10-3: the shards used to be made trainable."""
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    model[0].requires_grad_(False)
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if name.startswith("0.")}
+    wrapped = scratch.FSDP(model)
+    optimizer = torch.optim.Adam(wrapped.parameters(), lr=0.1)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g)
+        nn.functional.mse_loss(wrapped(x.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+        reduced = len(wrapped.pending)
+        wrapped.sync_gradients()
+        optimizer.step()
+        optimizer.zero_grad()
+    full = scratch.full_state_dict(wrapped)
+    return {"requires_grad": [p.requires_grad for p in wrapped.parameters()],
+            "reduce-scatters in the last backward": reduced,
+            "frozen unchanged": all(torch.equal(full[name], value) for name, value in frozen.items())}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_fsdp_keeps_frozen_parameters_frozen(world):
+    for result in run(_frozen_first_layer, world):
+        assert result["requires_grad"] == [False, False, True, True]
+        assert result["reduce-scatters in the last backward"] == 2     # the trainable layer's only
+        assert result["frozen unchanged"]
