@@ -71,11 +71,6 @@ def test_legacy_parser_breaks_on_the_new_spelling_and_print_env_takes_both():
     assert parse_args(["--local_rank=3"]).local_rank == 3
 
 
-def test_options_since_torch_2_4_include_local_addr():
-    flags = [flag for flag, _ in torchrun_demo.options_since_torch_2_4()]
-    assert "--local-addr" in flags and "--nnodes" not in flags
-
-
 # -- real torchrun runs -----------------------------------------------------------------
 def test_values_and_tagged_output_come_back_from_torchrun_workers(capsys):
     res = ddp_lab.run_script(script_path("print_env.py"), world_size=2, launcher="torchrun")

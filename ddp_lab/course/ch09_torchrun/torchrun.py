@@ -21,19 +21,45 @@ from ddp_lab.course.netns import loopback_hosts
 from ddp_lab.scripts import script_path
 from ddp_lab.scripts.print_env import TORCHRUN_VARS
 
-# The options of `torchrun -h` in torch 2.4, by their argparse names.
-TORCH_2_4_OPTIONS = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
-                "rdzv_conf", "standalone", "max_restarts", "monitor_interval", "start_method",
-                "role", "module", "no_python", "run_path", "log_dir", "redirects", "tee",
-                "node_rank", "master_addr", "master_port")
+
+@dataclass(frozen=True)
+class TorchrunOption:
+    """One option of this torch's ``torchrun`` parser: its spellings, the environment
+    variable it also reads (``PET_<DEST>`` for torch's ``env``/``check_env`` actions,
+    T/distributed/argparse_util.py), its default here, and its help text."""
+
+    flags: tuple[str, ...]
+    dest: str
+    env_var: str | None
+    default: object
+    help: str
 
 
-def options_since_torch_2_4() -> list[tuple[str, str]]:
-    """torchrun options this torch has and torch 2.4's help did not list: (flag, help)."""
+def torchrun_options() -> list[TorchrunOption]:
+    """The options of ``torchrun -h``, read from this torch's own parser
+    (``torch.distributed.run.get_args_parser()``), in the order of the help text."""
+    from torch.distributed.argparse_util import check_env, env
     from torch.distributed.run import get_args_parser
-    skip = set(TORCH_2_4_OPTIONS) | {"help", "training_script", "training_script_args"}
-    return [(action.option_strings[0], " ".join((action.help or "").split())[:110])
-            for action in get_args_parser()._actions if action.dest not in skip]
+    return [TorchrunOption(tuple(action.option_strings), action.dest,
+                           f"PET_{action.dest.upper()}" if isinstance(action, (env, check_env))
+                           else None,
+                           action.default, " ".join((action.help or "").split()))
+            for action in get_args_parser()._actions
+            if action.option_strings and action.dest != "help"]
+
+
+def options_table(options: list[TorchrunOption], help_width: int = 44) -> str:
+    """One line per option: its first long spelling, the variable it also reads, its
+    default, the start of its help."""
+    rows = [("option", "also read from", "default", "help")]
+    for option in options:
+        flag = next(f for f in option.flags if f.startswith("--"))
+        default = "''" if option.default == "" else str(option.default)[:30]
+        rows.append((flag, option.env_var or "-", default,
+                     option.help[:help_width]))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(f"{a:{widths[0]}}  {b:{widths[1]}}  {c:{widths[2]}}  {d}"
+                     for a, b, c, d in rows)
 
 
 def env_table(values: dict, names=TORCHRUN_VARS) -> str:
