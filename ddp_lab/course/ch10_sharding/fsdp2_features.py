@@ -20,7 +20,7 @@ from ddp_lab.course.ch10_sharding.equivalence import (TrainConfig, fsdp2_torch, 
                                                      make_model, my_rows, train)
 from ddp_lab.course.collective_trace import CollectiveTrace
 
-FEATURES_MODEL = TrainConfig()  # 13 -> 31 -> 31 -> 7: every shard padded, 24 rows, 4 steps
+FEATURES_MODEL = TrainConfig()  # 13 -> 31 -> 31 -> 7: no parameter splits evenly, 24 rows, 4 steps
 
 
 def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -198,4 +198,5 @@ def every_feature(config: TrainConfig = FEATURES_MODEL) -> dict:
             "accumulation": gradient_accumulation(config),
             "clipping": clipping(config), "meta init": fsdp2_lifecycle.meta_init(config),
             "resume": fsdp2_lifecycle.resume_from_checkpoint(config),
-            "fsdp1 vs fsdp2": fsdp2_lifecycle.fsdp1_and_fsdp2(config)}
+            "fsdp1 vs fsdp2": fsdp2_lifecycle.fsdp1_and_fsdp2(config),
+            "construction": fsdp2_lifecycle.no_sync_at_construction()}

@@ -85,6 +85,28 @@ def same_seed_shards_repeat() -> bool:
     return all(torch.equal(shard, shards[0]) for shard in shards)
 
 
+def no_sync_at_construction() -> dict:
+    """What ``fully_shard`` does with the weights and buffers it is given: nothing across
+    ranks. Each rank builds a ``Linear`` from its own seed (a learner who forgot to seed),
+    with a buffer holding its rank, and shards it with ``param_dtype=bf16``. ``fully_shard``
+    broadcasts nothing (``_move_states_to_device``, ``_fsdp_init.py:369-401``, only moves
+    tensors to the mesh's device) and ``MixedPrecisionPolicy`` has no buffer dtype
+    (``_fsdp_api.py:51-54``): each rank keeps its own rows of its own copy, so the full
+    weight is stitched from every rank's init, and the buffer stays per rank, in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1000 + rank)                     # a different init on each rank
+    layer = nn.Linear(3, 2 * world)
+    layer.register_buffer("scale", torch.full((2,), float(rank)))
+    own = layer.weight.detach().clone()
+    shard_layers(nn.Sequential(layer), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    full = layer.weight.full_tensor()
+    layer(torch.ones(1, 3))
+    return {"full rows from own init": [
+                torch.equal(full[row], own[row]) for row in range(full.shape[0])],
+            "buffer": layer.scale.tolist(), "buffer dtype": layer.scale.dtype}
+
+
 def reference_from(initial: dict, config: TrainConfig) -> dict:
     """One process on the whole batches, starting from the parameters ``initial``."""
     model = make_model(config)

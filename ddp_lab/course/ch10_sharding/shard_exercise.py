@@ -48,7 +48,7 @@ def sent(call) -> float:
     """Bytes this rank sends for one call by the design of the collective it chose (a
     ring's share, CollectiveCall.bytes_per_rank), its list counted whole. What gloo runs
     underneath is not held against the learner: in torch 2.13 it has no reduce-scatter of
-    its own and runs an all-reduce (notebook 03b, reduce_scatter_underneath)."""
+    its own and runs an all-reduce (notebook 03, reduce_scatter_underneath)."""
     return call.bytes_per_rank * call.whole_nbytes / call.nbytes if call.nbytes else 0.0
 
 
