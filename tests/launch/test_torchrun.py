@@ -231,7 +231,9 @@ def test_elastic_launch_restarts_all_workers_after_a_crash(tmp_path):
     # in a child process: multiprocessing's spawn leaves a resource tracker behind
     script = tmp_path / "launch.py"
     script.write_text(ELASTIC_LAUNCH)
-    temp = tmp_path / "temp"  # its own temp folder, to see what the launch leaves there
+    # its own temp folder, to see what the launch leaves there; deep, as macOS's TMPDIR is:
+    # too deep for multiprocessing's fork-server socket ("AF_UNIX path too long")
+    temp = tmp_path / ("a-temp-folder-deeper-than-a-unix-socket-path-allows-" + "x" * 20)
     temp.mkdir()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=150, cwd=tmp_path, env={**os.environ, "TMPDIR": str(temp)})

@@ -75,7 +75,7 @@ def _differ(model: torch.nn.Module, seed: int, how: str) -> str:
               and (how != "swap" or bool((p.data != p.data.view(-1)[0]).any()))]
     if not params:
         raise RuntimeError(f"checker bug: seed {seed} drew a model whose trainable tensors each "
-                           "hold one value, so no swap can change it; please report the seed.")
+                           "hold one value, so no swap can change it; please report this seed.")
     pick = torch.randint(0, 10 ** 6, (3,), generator=generator(seed, 7)).tolist()
     name, param = params[pick[0] % len(params)]
     flat = param.data.view(-1)

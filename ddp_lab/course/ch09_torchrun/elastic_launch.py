@@ -37,6 +37,9 @@ ORPHAN_POLL_S = 0.5
 # worker from there, for the first attempt and the restart alike: seconds saved on 2 cores.
 # The entrypoint still travels by reference, as with spawn (it must be importable).
 START_METHOD = "forkserver"
+# multiprocessing's fork server listens on a Unix socket in a folder of its own under the temp
+# folder (pymp-XXXXXXXX/listener-XXXXXXXX: 33 bytes more), and a socket path holds 107 bytes.
+DEEPEST_TEMP_FOR_SOCKET = 107 - 33
 
 
 def main() -> int:
@@ -51,6 +54,7 @@ def main() -> int:
         fn, args, nproc, max_restarts, tries = pickle.load(file)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     multiprocessing.set_forkserver_preload(["torch"])  # see START_METHOD
+    _start_fork_server()
     with tempfile.TemporaryDirectory(prefix=f"ddp_lab-{os.getpid()}-") as log_dir, \
             _spawn_error_files_in(log_dir):
         for attempt in range(1, tries + 1):
@@ -65,6 +69,21 @@ def main() -> int:
     write_pickle(RunFiles(os.environ[RUN_DIR_VAR]).result(0),
                  (dict(sorted(values.items())), getattr(left, "__name__", str(left))))
     return 0
+
+
+def _start_fork_server() -> None:
+    """Start multiprocessing's fork server now; where the temp folder is too deep for its
+    socket (macOS's TMPDIR, a test's own folder: "AF_UNIX path too long"), under /tmp.
+    Only ``tempfile.tempdir`` for this one call: multiprocessing keeps the folder it made
+    for the socket, and removes it when this process exits."""
+    from multiprocessing import forkserver
+    if len(tempfile.gettempdir()) <= DEEPEST_TEMP_FOR_SOCKET:
+        return forkserver.ensure_running()
+    saved, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        forkserver.ensure_running()
+    finally:
+        tempfile.tempdir = saved
 
 
 def _stop_when_orphaned(parent: int) -> None:
