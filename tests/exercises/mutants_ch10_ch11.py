@@ -436,7 +436,18 @@ def all_reduces_as_a_functional_collective(x_slice, weight_slice, bias):
 
 
 def _sum_into_graph(partial, total):
-    return partial + (total - partial).detach()
+    """The value of ``total`` bit for bit, the gradient of ``partial``."""
+    return total + (partial - partial.detach())
+
+
+def rebuilds_the_sum_from_its_own_partial(x_slice, weight_slice, bias):
+    """The old reference (review IP-11-1): the right gradient, and the sum's value within
+    rounding, but each rank rounds p + (t - p) with its own p: the outputs differ across ranks
+    in their last bits."""
+    partial = x_slice @ weight_slice.T
+    total = partial.detach().clone()
+    dist.all_reduce(total)
+    return partial + (total - partial).detach() + bias
 
 
 def gathers_the_partial_products(x_slice, weight_slice, bias):
@@ -556,6 +567,8 @@ MUTANTS = [
     ("11.row_parallel", gathers_the_partial_products, re.escape("one all-reduce of the output sends")),
     ("11.row_parallel", reduces_the_gradient_too, re.escape("the row-parallel layer's backward needs none")),
     ("11.row_parallel", uses_the_scratch_g, re.escape("_ReduceFromParallel is switched off")),
+    ("11.row_parallel", rebuilds_the_sum_from_its_own_partial,
+     re.escape("the output is not the same on every rank")),
 ]
 
 RIGHT = [

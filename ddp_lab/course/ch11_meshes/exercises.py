@@ -5,7 +5,10 @@ full output is the sum of the ranks' partial products plus the bias, on every ra
 gradients must reach each rank's slices. The check runs the learner's function on 1 to 4
 ranks with random sizes, the row-parallel layers of torch and of ``ddp_lab.scratch``
 switched off (on their classes, which every imported name shares), runs the backward and
-compares the output and every gradient with one unsharded Linear. Then what the text asks
+compares the output and every gradient with one unsharded Linear, and that every rank holds the same output bit for bit (a replicated
+tensor: the layers after it, and the gradients of replicated parameters, must not drift
+apart across ranks; 16-40 rows, so that a value rebuilt from each rank's own partial product
+shows its rounding). Then what the text asks
 of the layer: one all-reduce's worth of bytes in forward and nothing in backward (counted by
 CollectiveTrace, however the collective is reached), and no collective run in place on a
 tensor of autograd's graph: autograd cannot see ``c10d::allreduce_`` (it has no autograd
@@ -35,11 +38,15 @@ FALLBACK_WARNING = "an autograd kernel was not registered"
 
 def row_parallel_linear(x_slice, weight_slice, bias):
     """Reference: all-reduce the partial product in forward, and let the gradient through
-    unchanged in backward (every rank's output gradient is already the full one)."""
+    unchanged in backward (every rank's output gradient is already the full one). The value
+    is ``total`` bit for bit (``partial - partial.detach()`` is exactly zero), so every rank
+    holds the same output; ``partial + (total - partial).detach()`` has the same gradient,
+    but each rank rounds ``p + (t - p)`` with its own ``p``, and the "replicated" outputs
+    differ in their last bits from rank to rank."""
     partial = x_slice @ weight_slice.T
     total = partial.detach().clone()
     dist.all_reduce(total)
-    return partial + (total - partial).detach() + bias  # value: the sum; gradient: identity
+    return total + (partial - partial.detach()) + bias  # value: the sum; gradient: identity
 
 
 def _problem_inputs(seed: int, world: int):
@@ -48,7 +55,7 @@ def _problem_inputs(seed: int, world: int):
     all-reduce of the output."""
     g = generator(seed)
     batch, per_rank = (int(v) for v in torch.randint(2, 6, (2,), generator=g))
-    per_rank, out = per_rank + 1, int(torch.randint(2, 5, (1,), generator=g))
+    batch, per_rank, out = batch * 8, per_rank + 1, int(torch.randint(2, 5, (1,), generator=g))
     x = torch.randn(batch, per_rank * world, generator=g)
     weight = torch.randn(out, per_rank * world, generator=g)
     bias = torch.randn(out, generator=g)
@@ -127,6 +134,26 @@ def _forward_problem(got, want: dict, rank: int, n: int) -> str | None:
     return f"the output should be x @ W.T + b of shape {tuple(want['out'].shape)}, got {shape}"
 
 
+def _same_output_problem(values: list, n: int, seed: int) -> str | None:
+    """Every rank's output right (within rounding) but not the same bits on every rank: the
+    value was rebuilt from this rank's own partial product, e.g. p + (t - p).detach()."""
+    want = _expected(seed, n)
+    outs = [v["out"] for v in values]
+    if n == 1 or any(_forward_problem(out, want, rank, n) for rank, out in enumerate(outs)):
+        return None                       # the per-rank judge explains what is wrong
+    differ = [rank for rank, out in enumerate(outs) if not torch.equal(out, outs[0])]
+    if not differ:
+        return None
+    count = max(int((outs[rank] != outs[0]).sum()) for rank in differ)
+    return (f": the output is not the same on every rank (rank {differ[0]} differs from rank 0 "
+            f"in {count} of {outs[0].numel()} values, in the last bits): a replicated output "
+            "must be identical, or the layers after it and the gradients of replicated "
+            "parameters drift apart across ranks. Floating point does not undo a rounding: "
+            "partial + (total - partial) is not total. Return the all-reduced sum itself "
+            "(total + (partial - partial.detach()) keeps the gradient path, or an "
+            "autograd.Function)")
+
+
 def _backward_problem(got: dict, want: dict, rank: int, n: int) -> str | None:
     for name, mine, expected in (("x_slice", got["x_grad"], want["x_grads"][rank]),
                                  ("weight_slice", got["w_grad"], want["w_grads"][rank]),
@@ -134,7 +161,7 @@ def _backward_problem(got: dict, want: dict, rank: int, n: int) -> str | None:
         if mine is None:
             return (f"no gradient reached {name}: the output must stay connected to the "
                     "partial product x_slice @ weight_slice.T in autograd's graph (a custom "
-                    "autograd.Function, or partial + (total - partial).detach()), not be a "
+                    "autograd.Function, or total + (partial - partial.detach())), not be a "
                     "detached copy")
         if _close(mine, expected):
             continue
@@ -185,9 +212,11 @@ def check_row_parallel(fn) -> str:
                 or (_graph_problem(got) or _cost_problem(got, want, n) if n > 1 else None))
 
     each_world(_row_trial, (fn, seed), judge, seed,
+               judge_world=lambda values, n: _same_output_problem(values, n, seed),
                hang_hint="Every rank must make the same all-reduce.")
-    return (f"output and every gradient equal an unsharded Linear on 1 to 4 ranks, one "
-            f"all-reduce's bytes in forward, none in backward (seed {seed})")
+    return (f"output and every gradient equal an unsharded Linear on 1 to 4 ranks, the same "
+            f"output bits on every rank, one all-reduce's bytes in forward, none in backward "
+            f"(seed {seed})")
 
 
 EXERCISES = (
@@ -200,9 +229,12 @@ EXERCISES = (
              "not see a collective run on a tensor it tracks.",
         recipe="1. partial = x_slice @ weight_slice.T (autograd tracks it).\n2. total = "
                "partial.detach().clone(); dist.all_reduce(total): the sum, outside the "
-               "graph.\n3. out = partial + (total - partial).detach(): its value is the "
-               "sum, its gradient reaches partial unchanged (the identity: every rank already "
-               "has the whole output gradient).\n4. return out + bias (once, after the "
+               "graph.\n3. out = total + (partial - partial.detach()): its value is "
+               "exactly the sum (partial - partial.detach() is zero), its gradient reaches "
+               "partial unchanged (the identity: every rank already has the whole output "
+               "gradient). Not partial + (total - partial).detach(): the same gradient, but "
+               "each rank rounds p + (t - p) with its own p, so the outputs differ in their "
+               "last bits from rank to rank.\n4. return out + bias (once, after the "
                "sum). A torch.autograd.Function with the all-reduce in forward and "
                "`return grad` in backward does the same.",
         solution=row_parallel_linear, checker=check_row_parallel,
