@@ -104,8 +104,17 @@ def ring_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
     ends with chunk r + 1, where the all-gather starts). At each of N - 1 steps a rank sends
     one chunk right and adds the one from the left into its own partial sum; it sends
     (N - 1) / N of the tensor. Notebook 04's exercise 04.reduce_scatter, whose reference
-    this is (its solved cell pastes this source, so it uses nothing but torch and dist)."""
+    this is (its solved cell pastes this source, so it uses nothing but torch and dist).
+    The chunks are cut along dim 0, so its size must divide by N, as
+    ``dist.reduce_scatter_single`` also requires; anything else raises ``ValueError`` on
+    every rank before any send (an uneven cut would differ from ``ring_all_reduce``'s)."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    if tensor.dim() == 0 or tensor.shape[0] % world:
+        raise ValueError(
+            f"ring_reduce_scatter cuts dim 0 into {world} equal chunks, one per rank, but "
+            f"got shape {tuple(tensor.shape)}, whose dim 0 does not divide by {world} "
+            "(dist.reduce_scatter_single refuses it too). Pad dim 0 to a multiple of the "
+            "world size, or use ring_all_reduce, which takes any size.")
     right, left = (rank + 1) % world, (rank - 1) % world
     chunks = [c.clone() for c in tensor.chunk(world)]
     for step in range(world - 1):

@@ -41,3 +41,24 @@ def test_the_scratch_ring_sums_as_torch_does(world):
         assert torch.equal(result["summed"], result["expected"])
         assert result["sent"] <= 2 * (world - 1) * math.ceil(NUMEL / world) * 8
         assert torch.equal(result["shard"], total.chunk(world)[rank])
+
+
+def _uneven_reduce_scatter(shape) -> str:
+    from ddp_lab.scratch.ring import ring_reduce_scatter
+    try:
+        ring_reduce_scatter(torch.arange(math.prod(shape)).reshape(shape))
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+@pytest.mark.parametrize("shape", [(6,), (10,), (6, 4), ()])
+def test_reduce_scatter_refuses_a_dim_0_the_ranks_do_not_divide(shape):
+    """6 elements on 4 ranks used to raise an IndexError on two ranks and hang up the other
+    two; 10 came back silently cut 3,3,3,1 (ring_all_reduce cuts 3,3,2,2). Every rank now
+    raises a ValueError that names the cause, before any send."""
+    values = ddp_lab.run(_uneven_reduce_scatter, world_size=4, args=(shape,), echo=False,
+                         timeout=30).values
+    for message in values:
+        assert "does not divide by 4" in message, message
+        assert f"shape {shape}" in message, message
