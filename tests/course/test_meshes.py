@@ -53,6 +53,8 @@ def test_each_redistribute_runs_its_collective():
             expected = full.chunk(4, dim=target.dim)[rank] if target.is_shard() else full
             torch.testing.assert_close(v[name]["after"], expected)
     assert values[0]["Partial -> Replicate"]["bytes_per_rank"] == 2 * values[0]["Partial -> Shard(0)"]["bytes_per_rank"]
+    for v in values:                          # a Partial target is refused (_api.py:714-718)
+        assert "redistributing to Partial is for internal use only" in v["Replicate -> Partial"]
     assert isinstance(plots.redistribute_picture(values, "Partial -> Shard(0)"), Figure)
 
 

@@ -7,8 +7,10 @@ by default). ``redistribute`` changes the placement with at most one collective
 (torch/distributed/tensor/_redistribute.py): Shard -> Replicate is an all-gather,
 Partial -> Replicate an all-reduce, Partial -> Shard a reduce-scatter, Shard(i) ->
 Shard(j) an all-to-all (on a CPU mesh: an all-gather and a local chunk,
-``shard_dim_alltoall``), while Replicate -> Shard is only a local slice and Replicate ->
-Partial a local split: no communication.
+``shard_dim_alltoall``), while Replicate -> Shard is only a local slice: no communication.
+Replicate -> Partial is a local split too, which DTensor does internally, but
+``redistribute`` refuses a Partial target ("redistributing to Partial is for internal use only!",
+torch/distributed/tensor/_api.py:714-718).
 """
 
 from __future__ import annotations
@@ -58,4 +60,14 @@ def redistributions() -> dict:
                          "calls": [(c.name, c.nbytes, c.group_size) for c in trace.calls],
                          "bytes_per_rank": trace.bytes_per_rank(),
                          "global": after.full_tensor()}
+    results["Replicate -> Partial"] = _refused_to_partial(mesh)
     return results
+
+
+def _refused_to_partial(mesh) -> str:
+    """``redistribute`` to a Partial target: torch refuses it (_api.py:714-718)."""
+    try:
+        make_dtensor(mesh, Replicate()).redistribute(mesh, [Partial()])
+    except RuntimeError as err:
+        return str(err)
+    return "accepted"
