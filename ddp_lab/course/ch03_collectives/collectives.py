@@ -152,9 +152,10 @@ def tour(dtype: str = "int64") -> dict:
 
 
 def five_collectives() -> dict:
-    """barrier, all_gather, all_reduce, reduce and broadcast in one function, the classic
-    first multi-collective example (it prints is_available, then each rank and world size
-    twice: from the environment and from the process group)."""
+    """barrier, reduce, all_gather, all_reduce and broadcast, in that order, in one function:
+    the classic first multi-collective example, with ``reduce`` called by every rank (it
+    prints is_available, then each rank and world size twice: from the environment and
+    from the process group)."""
     rank, world = rank_and_world()
     if rank == 0:
         print(f"dist.is_available: {dist.is_available()}")
