@@ -62,8 +62,17 @@ def test_mismatched_shapes_error_silently_crash_or_hang():
     assert {case: o for case, (o, _) in outcomes.items()} == {
         "all_gather": "error", "broadcast from rank 0": "no error",
         "broadcast from the last rank": "crash", "all_reduce": "hang",
-        "all_reduce, DETAIL debug": "error"}
+        "all_reduce, float32 vs int32": "no error", "all_reduce, DETAIL debug": "error"}
     assert "shapes" in outcomes["all_reduce, DETAIL debug"][1]
+
+
+def test_a_dtype_mismatch_of_one_element_size_is_silent_and_wrong():
+    """float32 on rank 0, int32 on rank 1, same shape: no error, and the ranks end with
+    different values, neither of them the sum [2, 4, 6, 8]."""
+    f32, i32 = ddp_lab.run(costs.mismatched, 2, args=("all_reduce, float32 vs int32",),
+                           echo=False, timeout=20).values
+    assert all(isinstance(v, float) for v in f32) and all(isinstance(v, int) for v in i32)
+    assert f32 != i32 and f32 != [2.0, 4.0, 6.0, 8.0] and i32 != [2, 4, 6, 8]
 
 
 def test_detail_adds_a_monitored_barrier_and_two_all_gathers_per_collective():

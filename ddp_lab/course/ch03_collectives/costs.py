@@ -163,7 +163,9 @@ def in_place() -> dict:
 
 
 def mismatched(case: str, debug_detail: bool = False) -> list:
-    """A shape bug on purpose: rank r passes a tensor of 2 + r elements."""
+    """A shape bug on purpose: rank r passes a tensor of 2 + r elements. Or, in the case
+    ``"all_reduce, float32 vs int32"``, a dtype bug: the same 4 elements, float32 on rank 0
+    and int32 elsewhere (the same element size, so nothing compares them)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     group = None
     if debug_detail:
@@ -172,7 +174,10 @@ def mismatched(case: str, debug_detail: bool = False) -> list:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
         group = dist.new_group(backend="gloo")
     t = torch.arange(2.0 + rank) + 10 * rank
-    if case == "all_gather":
+    if case == "all_reduce, float32 vs int32":
+        t = torch.arange(1, 5, dtype=torch.float32 if rank == 0 else torch.int32)
+        dist.all_reduce(t, group=group)  # the sum of [1, 2, 3, 4] from 2 ranks is [2, 4, 6, 8]
+    elif case == "all_gather":
         dist.all_gather([torch.zeros(2) for _ in range(world)], t, group=group)
     elif case.startswith("broadcast"):
         dist.broadcast(t, src=0 if case == "broadcast from rank 0" else world - 1, group=group)
@@ -183,7 +188,7 @@ def mismatched(case: str, debug_detail: bool = False) -> list:
 
 
 MISMATCH_CASES = ("all_gather", "broadcast from rank 0", "broadcast from the last rank",
-                  "all_reduce")
+                  "all_reduce", "all_reduce, float32 vs int32")
 
 
 def detail_check_calls() -> dict[str, list[str]]:
