@@ -9,6 +9,7 @@ their folder and the same code trains on 28x28 MNIST.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import struct
 from pathlib import Path
 
@@ -38,15 +39,31 @@ def load_dataset(spec: str = "digits") -> tuple[TensorDataset, TensorDataset]:
 
 def load_digits_split(test_fraction: float = 0.2, seed: int = 0):
     """scikit-learn's 8x8 digits as N x 1 x 8 x 8 floats in [0, 1], split reproducibly."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(digits.target, dtype=torch.int64)
+    pixels, target = digits_arrays()
+    images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(target, dtype=torch.int64)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     n_test = int(len(labels) * test_fraction)
     test, train = order[:n_test], order[n_test:]
     return TensorDataset(images[train], labels[train]), TensorDataset(images[test], labels[test])
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images N x 8 x 8, labels N): what ``sklearn.datasets.load_digits()`` returns, read
+    from the file it reads (``digits.csv.gz`` in scikit-learn's package, found without
+    importing scikit-learn). Importing ``sklearn.datasets`` takes a second or more on
+    these cores, in every rank that loads the data; reading the file takes milliseconds.
+    A scikit-learn that keeps the file elsewhere gets the import."""
+    spec = importlib.util.find_spec("sklearn")
+    where = [Path(p) / "datasets" / "data" / "digits.csv.gz"
+             for p in (spec.submodule_search_locations or [])] if spec else []
+    found = next((p for p in where if p.is_file()), None)
+    if found is None:
+        from sklearn.datasets import load_digits
+        digits = load_digits()
+        return digits.images, digits.target
+    table = np.loadtxt(found, delimiter=",")
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
 def load_mnist_idx(folder) -> tuple[TensorDataset, TensorDataset]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ddp_lab
-from ddp_lab.course.data import MNIST_FILES, load_dataset, load_mnist_idx, read_idx
+from ddp_lab.course.data import MNIST_FILES, digits_arrays, load_dataset, load_mnist_idx, read_idx
 from ddp_lab.scripts import script_path
 from ddp_lab.scripts.train_cnn import parse_args
 from ddp_lab.course.training import TrainConfig, train
@@ -49,6 +49,20 @@ def test_digits_split_is_reproducible_and_disjoint():
     assert train_a[0][0].shape == (1, 8, 8) and 0.0 <= train_a.tensors[0].min() <= 1.0
     torch.testing.assert_close(train_a.tensors[0], train_b.tensors[0])
     assert set(train_a.tensors[1].tolist()) == set(range(10))
+
+
+def test_digits_read_from_the_file_equal_scikit_learns_load_digits():
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    images, labels = digits_arrays()
+    assert np.array_equal(images, digits.images) and np.array_equal(labels, digits.target)
+
+
+def test_loading_the_digits_does_not_import_scikit_learn():
+    code = ("import sys; from ddp_lab.course.data import load_dataset; load_dataset('digits'); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 @pytest.mark.parametrize("compress", [False, True])
