@@ -82,6 +82,35 @@ def test_replayed_orders_give_the_formulas(runs):
     assert isinstance(pipelining_plots.timelines(panels), Figure)
 
 
+def test_each_rank_sends_the_messages_its_stage_boundaries_need(runs):
+    # counted by CollectiveTrace around the timed step(): 2m per boundary between ranks,
+    # none across the V's turn; ZBV exactly 2x GPipe's, interleaving (2p-1)/(p-1) times
+    library, _ = runs
+    p, m = len(library), FAST.microbatches
+    totals = {}
+    for s in pipelining.SCHEDULES:
+        for rank, r in enumerate(library):
+            got, want = r[s.name]["p2p"], pipelining.p2p_expected(s, rank, p, m)
+            assert got["sends"] == got["recvs"] == want and got["other"] == [], (s.name, rank, got)
+            assert got["sent_bytes"] == want * FAST.microbatch_rows * FAST.width * 4
+            assert rank not in got["peers"]
+        totals[s.name] = sum(r[s.name]["p2p"]["sends"] for r in library)
+    assert totals["GPipe"] == totals["1F1B"] == 2 * m * (p - 1)
+    assert totals["Interleaved 1F1B"] == 2 * m * (2 * p - 1)
+    assert totals["ZBV zero bubble"] == 2 * totals["GPipe"]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_p2p_expected_counts_boundaries_between_ranks(p):
+    m = 5
+    total = {s.name: sum(pipelining.p2p_expected(s, r, p, m) for r in range(p))
+             for s in pipelining.SCHEDULES}
+    assert total == {"GPipe": 2 * m * (p - 1), "1F1B": 2 * m * (p - 1),
+                     "Interleaved 1F1B": 2 * m * (2 * p - 1), "ZBV zero bubble": 4 * m * (p - 1)}
+    zbv = pipelining.SCHEDULES[3]
+    assert pipelining.p2p_expected(zbv, p - 1, p, m) == 2 * m     # the V's turn is local
+
+
 def test_replay_by_hand():
     """Two stages, two micro-batches, GPipe: F costs 1, B 2; stage 1 waits 1 for F0 and stage
     0 waits for B1's gradient: bubble (p-1)/(m+p-1) = 1/3."""

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.distributed import pipelining as pp
 
 from ddp_lab.course.ch11_meshes.pipe_model import PipeliningConfig, batch, cut, make_layers
+from ddp_lab.course.collective_trace import CollectiveTrace
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,10 @@ class TimedStage(pp.PipelineStage):
 def run_schedule(schedule: Schedule, config: PipeliningConfig) -> dict:
     """On each rank: one training step (after a warm-up step) of ``schedule``; this rank's
     spans, its stages' gradients (layer by layer) and, where it holds the last stage, the
-    micro-batches' losses."""
+    micro-batches' losses, and the point-to-point messages it issued during that step
+    (``p2p``: counted by ``CollectiveTrace``, which sees each ``isend``/``irecv`` the
+    schedule issues, directly or through ``batch_isend_irecv``, as a ``c10d::send`` /
+    ``c10d::recv_``)."""
     rank, ranks = dist.get_rank(), dist.get_world_size()
     n_stages = ranks * schedule.virtual
     modules = cut(make_layers(config, ranks), n_stages)
@@ -90,9 +94,10 @@ def run_schedule(schedule: Schedule, config: PipeliningConfig) -> dict:
     spans.clear()
     dist.barrier()
     losses = []
-    step.step(*args, target=target, losses=losses)
+    with CollectiveTrace() as trace:
+        step.step(*args, target=target, losses=losses)
     return {"spans": [s[:3] for s in spans], "stage_of_span": [s[3] for s in spans],
-            "stages": mine, "losses": [l.item() for l in losses],
+            "stages": mine, "losses": [l.item() for l in losses], "p2p": p2p_of(trace),
             "grads": {i: [[p.grad.clone() for p in layer.parameters()] for layer in modules[i]]
                       for i in mine}}
 
@@ -101,6 +106,30 @@ def all_schedules(config: PipeliningConfig = PipeliningConfig()) -> dict:
     """Every schedule of SCHEDULES, one after the other on the same ranks, and what torch's
     constructors say to a number of micro-batches they refuse (``m_refused``)."""
     return {**{s.name: run_schedule(s, config) for s in SCHEDULES}, "m_refused": m_refused(config)}
+
+
+def p2p_of(trace: CollectiveTrace) -> dict:
+    """A step's point-to-point traffic on this rank: messages sent and received, their
+    bytes, and the ranks they went to or came from. Anything else the step issued (there
+    is nothing else in a step after the first) is listed under ``other``."""
+    sends, recvs = trace.of("send"), trace.of("recv")
+    return {"sends": len(sends), "recvs": len(recvs),
+            "sent_bytes": sum(c.nbytes for c in sends), "received_bytes": sum(c.nbytes for c in recvs),
+            "peers": sorted({c.peer for c in sends + recvs}),
+            "other": [c.name for c in trace.calls if c.family not in ("send", "recv")]}
+
+
+def p2p_expected(schedule: Schedule, rank: int, ranks: int, microbatches: int) -> int:
+    """The messages rank ``rank`` sends in one step (and receives: as many), from where the
+    stages sit: each of its stages sends every micro-batch's activation to the next stage
+    and its input gradient to the previous one, unless that stage is on the same rank (the
+    V's turn, stages p-1 and p on rank p-1: passed by a function call,
+    ``set_local_fwd_input`` / ``set_local_bwd_input``, T/distributed/pipelining/stage.py
+    "[Note: V-schedule special case]", and schedules.py:2540, :2569, :2591)."""
+    n_stages, mine = ranks * schedule.virtual, stages_of(schedule, rank, ranks)
+    where = {i: r for r in range(ranks) for i in stages_of(schedule, r, ranks)}
+    crossings = sum(1 for i in mine for j in (i - 1, i + 1) if 0 <= j < n_stages and where[j] != rank)
+    return crossings * microbatches
 
 
 def m_refused(config: PipeliningConfig) -> dict:
