@@ -9,6 +9,7 @@ value with cloudpickle) and a kernel that touched CUDA is no problem.
 from __future__ import annotations
 
 import linecache
+import time
 from dataclasses import replace
 
 from ddp_lab.launch import backends, checks
@@ -29,6 +30,7 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     (or just ``"1gbit"``) gives every rank a shaped link of its own (network/setting.py).
     """
     __tracebackhide__ = True  # IPython shows the error, not the launcher's frames
+    called = time.monotonic()  # res.seconds: the call's wall time
     checks.check_callable(fn)
     config = LaunchConfig(world_size=checks.check_world_size(world_size),
                           backend=checks.check_backend(backend),
@@ -37,7 +39,7 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     args, kwargs = checks.check_call_args(args, kwargs)
     payload = pickle_payload(fn, args, kwargs)
     checks.check_signature(fn, args, kwargs, RUN_CALL_ADVICE)
-    return launch(with_network(config, network), payload)
+    return launch(with_network(config, network), payload, called)
 
 
 RUN_CALL_ADVICE = (
@@ -59,6 +61,7 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
     exact torchrun environment, and the same output, errors and cleanup. ``network=``
     as in ``run`` (with the ddp_lab launcher)."""
     __tracebackhide__ = True
+    called = time.monotonic()
     launcher = checks.check_launcher(launcher)
     if network is not None and launcher == "torchrun":
         raise ValueError("network= works with launcher='ddp_lab' only: torchrun's agent "
@@ -71,7 +74,7 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
     if launcher == "torchrun":
         from ddp_lab.launch.torchrun.session import run_with_torchrun
         return warn_if_skipped(run_with_torchrun(_checked_backend(config)), stacklevel=3)
-    return launch(with_network(config, network), payload=None)
+    return launch(with_network(config, network), None, called)
 
 
 def with_network(config: LaunchConfig, network) -> LaunchConfig:
@@ -115,12 +118,14 @@ def interactive_sources() -> dict:
             if len(entry) == 4 and entry[1] is None}
 
 
-def launch(config: LaunchConfig, payload: bytes | None) -> RunResult:
+def launch(config: LaunchConfig, payload: bytes | None, called: float | None = None) -> RunResult:
     """A checked config (and fn's payload; None for a script) from start to result: what
-    run, run_script and the mp.spawn drop-in share."""
+    run, run_script and the mp.spawn drop-in share. ``called``: when the call began
+    (time.monotonic()), which ``res.seconds`` counts from; None: now."""
     __tracebackhide__ = True
+    called = time.monotonic() if called is None else called
     config = prepare(config)
-    with Session(config, payload) as session:
+    with Session(config, payload, called) as session:
         session.start()
         session.wait()
         return warn_if_skipped(conclude(session.record()))

@@ -78,4 +78,4 @@ def test_res_seconds_is_the_call_s_wall_time_fork_server_start_included(slow_new
     res = ddp_lab.run(in_rank_wall_clock, 2, timeout=1, echo=False)
     returned = time.time()
     assert max(res.values) - called > SLOW_START_S  # the ranks ran after the slow start
-    assert max(res.values) - called <= res.seconds <= returned - called
+    assert max(res.values) - called - 0.01 <= res.seconds <= returned - called
