@@ -165,3 +165,32 @@ def test_a_fully_masked_first_block_leaves_no_nan():
     assert torch.equal(acc, torch.zeros(1, 2)) and torch.equal(l, torch.zeros(1)) and m.isinf().all()
     acc, m, l = online_softmax_step(acc, m, l, second, v)
     torch.testing.assert_close(acc / l.unsqueeze(-1), torch.softmax(second, -1) @ v)
+
+
+@pytest.mark.parametrize("world, seq", [(3, 48), (4, 64)])
+def test_kv_sized_buffers_alive_at_once(world, seq):
+    """R3-12-M3: while a block is computed a forward holds two K/V blocks and a backward
+    five K/V-sized buffers (two K/V, three float32 dK/dV); at a shift one more, for a
+    moment (notebook 12, c23 and the assert cell)."""
+    from ddp_lab.course.ch12_sequence import traffic
+    config = attention.AttentionConfig(batch=1, heads=2, seq=seq, head_dim=16)
+    for r in ddp_lab.run(traffic.ring_messages, world_size=world, args=(config,), echo=False).values:
+        assert r["kv_bytes"] == r["grad_kv_bytes"]
+        for phase, counts in {"forward": (2, 3), "backward": (5, 6)}.items():
+            live = r["live"][phase]
+            assert (live["kv_computing"], live["kv_most"]) == counts, (world, phase, live)
+            assert live["kv_most"] * r["kv_bytes"] > live["peak"] / 2
+
+
+def test_live_tensors_counts_storages_until_they_are_freed():
+    from ddp_lab.course.ch12_sequence.traffic import LiveTensors
+    x = torch.ones(256)  # made before: not counted
+    with LiveTensors() as live:
+        a = x * 2                         # 1024 B
+        b = a[:128]                       # a view: the same storage, not counted again
+        c = a + 1                         # 2048 B alive
+        del a, b, c                       # freed: 0 B
+        d = torch.ones(64, 64) @ torch.ones(64, 64)  # 16384 B each, two ones and the product
+    assert live.peak == 3 * 64 * 64 * 4
+    assert live.most[1024] == 2 and live.computing[64 * 64 * 4] == 3
+    assert live.bytes == 64 * 64 * 4 and d.shape == (64, 64)

@@ -11,8 +11,14 @@ what its rate allows).
 
 from __future__ import annotations
 
+import collections
+import weakref
+
 import torch
 import torch.distributed as dist
+
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ddp_lab import scratch
 from ddp_lab.course.ch12_sequence.attention import AttentionConfig, inputs, shard
@@ -63,9 +69,6 @@ def cost(config: AttentionConfig = LINK, iterations: int = 3) -> dict:
 
 def largest_tensor(fn) -> int:
     """The bytes of the largest tensor any operation made while ``fn`` ran."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
     class Largest(TorchDispatchMode):
         biggest = 0
 
@@ -98,16 +101,64 @@ def memory(seqs=(256, 512, 1024, 2048)) -> dict:
     return result
 
 
+class LiveTensors(TorchDispatchMode):
+    """``with LiveTensors(): ...``: the storages that operations made while it was active
+    and that are still alive, after every operation: ``peak`` (most bytes alive at once),
+    ``most[nbytes]`` (most storages of that size alive at once) and ``computing[nbytes]``
+    (the same, counted only at the matrix products, i.e. while a block is computed).
+    Tensors that existed before (the inputs, what autograd saved) are not counted. A storage
+    leaves the count when Python frees it: a weak reference with a callback, as torch's
+    ``MemTracker`` does (``torch/distributed/_tools/mem_tracker.py``, ``_WeakRefInfo``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}  # id of the storage -> its bytes
+        self.refs: dict[int, weakref.ref] = {}
+        self.bytes = self.peak = 0
+        self.most: collections.Counter = collections.Counter()
+        self.computing: collections.Counter = collections.Counter()
+
+    def _freed(self, key):
+        self.refs.pop(key, None)
+        self.bytes -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()  # a view's is its base's: counted once
+                key = id(storage)
+                if key not in self.live:
+                    self.live[key] = storage.nbytes()
+                    self.refs[key] = weakref.ref(storage, lambda _, key=key: self._freed(key))
+                    self.bytes += storage.nbytes()
+        sizes = collections.Counter(self.live.values())
+        computing = func.__name__.startswith(("mm", "bmm"))
+        for nbytes, count in sizes.items():
+            self.most[nbytes] = max(self.most[nbytes], count)
+            if computing:
+                self.computing[nbytes] = max(self.computing[nbytes], count)
+        self.peak = max(self.peak, self.bytes)
+        return out
+
+
 def ring_messages(config: AttentionConfig = AttentionConfig(batch=1, heads=2, seq=64, head_dim=16)) -> dict:
     """The messages this rank sends in one causal forward and one backward of the (zig-zag)
     ring: forward n-1 K/V blocks; backward n-1 K/V blocks and n dK/dV blocks (each one hop
-    on, the last one home). Also the bytes of a K/V block, and of its float32 gradients."""
+    on, the last one home). Also the bytes of a K/V block, and of its float32 gradients
+    (the same in float32), and what the ring made and kept alive at once (:class:`LiveTensors`):
+    per pass, the peak bytes, and how many K/V-sized buffers were alive at most, at any
+    operation and while a block was computed."""
     q, k, v, upstream = (shard(t, "zigzag") for t in inputs(config))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    with CollectiveTrace(dist.get_world_size()) as fwd:
+    with CollectiveTrace(dist.get_world_size()) as fwd, LiveTensors() as fwd_live:
         out = scratch.ring_attention(q, k, v, causal=True, layout="zigzag")
-    with CollectiveTrace(dist.get_world_size()) as bwd:
+    with CollectiveTrace(dist.get_world_size()) as bwd, LiveTensors() as bwd_live:
         (out * upstream).sum().backward()
+    kv_bytes = 2 * k.numel() * k.element_size()
     return {"forward": [c.nbytes for c in fwd.calls if c.name == "send"],
             "backward": [c.nbytes for c in bwd.calls if c.name == "send"],
-            "kv_bytes": 2 * k.numel() * k.element_size(), "grad_kv_bytes": 2 * k.numel() * 4}
+            "kv_bytes": kv_bytes, "grad_kv_bytes": 2 * k.numel() * 4,
+            "live": {phase: {"peak": live.peak, "kv_most": live.most[kv_bytes],
+                             "kv_computing": live.computing[kv_bytes]}
+                     for phase, live in (("forward", fwd_live), ("backward", bwd_live))}}
