@@ -54,8 +54,7 @@ class Session:
     pid in ``ranks``, then ``deadline``), the run (``stopping``, ``timed_out``, ``stacks``,
     ``seconds``), cleanup (``run_ended``). Every attribute is set here, None until then."""
 
-    def __init__(self, config: LaunchConfig, payload: bytes | None,
-                 called: float | None = None):
+    def __init__(self, config: LaunchConfig, payload: bytes | None, called: float | None = None):
         self.config = config
         self.payload = payload
         self.ranks = RankState.of_run(config)
@@ -71,8 +70,7 @@ class Session:
         self.timed_out = False
         self.stacks: dict[int, str] = {}
         self.stacks_at_failure: dict[int, str] | None = None  # taken once: verdict/timeouts.py
-        # res.seconds: the call's wall time, from the call's start (api.launch) or from here
-        self.called = time.monotonic() if called is None else called
+        self.called = time.monotonic() if called is None else called  # res.seconds from here
         self.seconds = 0.0
         self.run_ended = False
 
