@@ -13,6 +13,7 @@ import pytest
 
 import ddp_lab
 from ddp_lab.course.ch08_when_it_breaks import stragglers
+from ddp_lab.launch.verdict.outcome import KNOCK_ON_SIGNS
 from ddp_lab.launch.verdict.timeouts import is_timeout
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,7 +75,12 @@ def test_a_straggler_in_python_is_the_cause_and_the_ranks_that_timed_out_its_vic
                               "when they gave up (straggler_in_python, <notebook cell> line "
                               f"{SLEEP_LINE}): rank 2 is the root cause.\n"), message
     assert f'line {SLEEP_LINE}, in straggler_in_python' in err.traceback  # its stack then
-    assert all("Timed out waiting 2000ms" in why for why in err.victims.values())
+    # a victim gives up with gloo's timeout, or breaks off where it waited with a knock-on
+    # when another victim gave up first and closed its connections (as in gate runs here)
+    whys = list(err.victims.values())
+    assert any("Timed out waiting 2000ms" in why for why in whys), whys
+    assert all("Timed out waiting 2000ms" in why or
+               any(sign in why.lower() for sign in KNOCK_ON_SIGNS) for why in whys), whys
     # it woke to find them gone, unless the launcher's grace after a failure ran out first
     assert err.hint.startswith(("Rank 2 failed only after they had gone",
                                 "Rank 2 was stopped by the launcher after they had gone"))
