@@ -271,7 +271,6 @@ def zigzag_shard(x: torch.Tensor, rank: int, world: int, dim: int = -2) -> torch
 
 def zigzag_unshard(shards: list[torch.Tensor], dim: int = -2) -> torch.Tensor:
     """The full sequence back from every rank's zig-zag shard, in rank order."""
-    world = len(shards)
     firsts = [s.chunk(2, dim=dim)[0] for s in shards]
     seconds = [s.chunk(2, dim=dim)[1] for s in reversed(shards)]
     return torch.cat(firsts + seconds, dim=dim)

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from ddp_lab.tools.cli.bench_commands import add_bench
 from ddp_lab.tools.cli.course_commands import add_doctor, add_notebooks, add_progress, add_run
-from ddp_lab.tools.cli.formatting import WIDTH, HelpFormatter
+from ddp_lab.tools.cli.formatting import HelpFormatter
 
 Registrar = Callable[["argparse._SubParsersAction"], None]
 
