@@ -6,7 +6,7 @@ include/torch/csrc/distributed/c10d/reducer.hpp):
 
 1. At construction every rank takes rank 0's parameters and buffers (a broadcast), so the
    replicas start equal: all of them, frozen ones too (``_sync_module_states``,
-   torch/distributed/utils.py:305-313).
+   torch/distributed/utils.py:305-326).
 2. In backward, each gradient is all-reduced as soon as it is ready, asynchronously, while
    autograd goes on computing the earlier layers' gradients: communication overlaps
    computation. Here a ``register_post_accumulate_grad_hook`` on each parameter that trains
