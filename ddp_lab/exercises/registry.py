@@ -43,6 +43,12 @@ class Exercise:
     attempt (the failure says how to ask for it) or on request (``ex.recipe(name)``).
     ``answered_by`` names the course code whose source answers the exercise
     (``"module:Qualified.name"``): its notebook shows that source only after the check.
+    ``points`` and ``visibility`` are what a grade gives it (``ddp-lab grade`` and the
+    nbgrader, Otter and Gradescope exports read them here, nowhere else): ``visibility`` is
+    Gradescope's word (``"visible"``, ``"after_due_date"``, ``"after_published"``,
+    ``"hidden"``). ``open_doors`` names what stays open while the learner's function runs
+    (``ddp_lab.exercises.sealed.DOORS``: an exercise about the store keeps ``"store"``);
+    everything else is closed there.
     """
 
     name: str
@@ -53,6 +59,9 @@ class Exercise:
     checker: Callable[[Callable], str]
     answered_by: tuple[str, ...] = ()
     recipe: str = ""
+    points: int = 1
+    visibility: str = "visible"
+    open_doors: tuple[str, ...] = ()
 
 
 def all_exercises() -> dict[str, Exercise]:
