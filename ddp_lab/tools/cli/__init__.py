@@ -11,14 +11,16 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Sequence
 
+from ddp_lab.tools.cli.assign_commands import add_assign
 from ddp_lab.tools.cli.bench_commands import add_bench
 from ddp_lab.tools.cli.course_commands import add_doctor, add_notebooks, add_progress, add_run
 from ddp_lab.tools.cli.formatting import HelpFormatter
+from ddp_lab.tools.cli.grade_commands import add_grade
 
 Registrar = Callable[["argparse._SubParsersAction"], None]
 
-REGISTRARS: tuple[Registrar, ...] = (add_doctor, add_run, add_notebooks, add_progress,
-                                     add_bench)
+REGISTRARS: tuple[Registrar, ...] = (add_doctor, add_run, add_notebooks, add_progress, add_assign,
+                                     add_bench, add_grade)
 
 DESCRIPTION = """\
 The ddp-lab course: PyTorch distributed, launched from Jupyter. The course itself is in

@@ -1,0 +1,79 @@
+"""``ddp-lab grade SUBMISSION... --out DIR``: a class graded, several submissions at a time.
+
+Each submission is graded on its own (one_submission.py: a sandboxed kernel, then a
+sandboxed check), ``jobs`` of them at once (default: this machine's cores); each writes
+``DIR/NAME/results.json`` and ``DIR/NAME/report.md`` as soon as it is done, and the class
+gets ``DIR/grades.csv`` and ``DIR/summary.html`` at the end. A submission's name is its
+file's stem or its folder's name, made unique (``alice``, ``alice-2``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from ddp_lab.grading.class_report import write_grades_csv, write_summary_html
+from ddp_lab.grading.one_submission import Budgets, grade_submission
+from ddp_lab.grading.results import SubmissionGrade, write_results_json, write_submission
+from ddp_lab.grading.submission import COURSE_DIR, read_submission
+
+Progress = Callable[[str], object]
+
+
+def submission_names(paths: list[Path]) -> list[str]:
+    """A folder name for each submission: its stem, safe for a path, unique."""
+    names: list[str] = []
+    for path in paths:
+        base = re.sub(r"[^\w.-]+", "_", path.stem if path.is_file() else path.name) or "x"
+        name, n = base.lstrip(".") or "x", 1
+        while name in names:
+            n += 1
+            name = f"{base}-{n}"
+        names.append(name)
+    return names
+
+
+def check_paths(paths: list[Path]) -> None:
+    """Bad input says what to do before anything runs."""
+    if not paths:
+        raise ValueError("name at least one submission: a notebook or a folder of them")
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"no such submission: {', '.join(missing)}")
+
+
+def grade_class(paths: list[Path], out_dir: Path, *, jobs: int | None = None,
+                budgets: Budgets = Budgets(), course_dir: Path = COURSE_DIR,
+                results_json: Path | None = None,
+                progress: Progress = print) -> list[SubmissionGrade]:
+    """Grade every submission in ``paths``; write their files and the class's under
+    ``out_dir``. ``results_json``: also write the (single) submission's results.json there
+    (Gradescope's ``/autograder/results/results.json``)."""
+    paths = [Path(p) for p in paths]
+    check_paths(paths)
+    if results_json is not None and len(paths) != 1:
+        raise ValueError("--results-json writes one submission's results: name exactly one")
+    jobs = jobs or os.cpu_count() or 1
+    if jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = submission_names(paths)
+
+    def one(path_and_name) -> SubmissionGrade:
+        path, name = path_and_name
+        grade = grade_submission(read_submission(path, name, course_dir), budgets)
+        write_submission(grade, out_dir / name)
+        progress(f"{name}: {grade.score:g} / {grade.max_score:g} "
+                 f"({grade.seconds:.0f} s)")
+        return grade
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        grades = list(pool.map(one, zip(paths, names)))
+    write_grades_csv(grades, out_dir / "grades.csv")
+    write_summary_html(grades, out_dir / "summary.html")
+    if results_json is not None:
+        write_results_json(grades[0], results_json)
+    return grades

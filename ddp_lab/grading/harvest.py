@@ -1,0 +1,69 @@
+"""Inside the sandbox: run each kernel notebook of a submission in its own fresh kernel, so
+that each exercise cell leaves its function as a payload file (kernel_cells.py builds the
+notebooks; this only runs them).
+
+    python -m ddp_lab.grading.harvest CELL_TIMEOUT NOTEBOOK.ipynb...
+
+The notebooks' folder is the kernel's working folder, where the payloads land. A cell that
+runs past ``CELL_TIMEOUT`` seconds is interrupted and the notebook goes on (a loop in one
+exercise cell costs that exercise only); a kernel that dies ends its notebook. What each
+exercise cell raised is printed as one JSON line per notebook: the grade may quote it
+beside "no function NAME in the notebook", and trusts nothing else of it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from ddp_lab.tools.notebook_runner import CurrentInterpreterKernel, kernel_env
+
+ERRORS_MARK = "ddp-lab-harvest:"
+
+
+def run_notebook(path: Path, cell_timeout: float) -> dict[int, str]:
+    """Run ``path`` in a fresh kernel in its folder; return each failed cell's error line."""
+    nb = nbformat.read(path, as_version=4)
+    manager = CurrentInterpreterKernel(kernel_name="python3")
+    client = NotebookClient(
+        nb, km=manager, timeout=cell_timeout, allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={"ename": "TimeoutError",
+                          "evalue": f"the cell ran past {cell_timeout:g} s and was interrupted",
+                          "traceback": []},
+        resources={"metadata": {"path": str(path.parent)}},
+        extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    died = ""
+    try:
+        client.execute(env=kernel_env(), cleanup_kc=True)
+    except Exception as exc:  # noqa: BLE001 - a dead kernel ends this notebook only
+        died = f"the kernel stopped: {type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        manager.cleanup_connection_file()
+    errors = {i: _error_line(cell) for i, cell in enumerate(nb.cells) if _error_line(cell)}
+    if died:
+        errors[-1] = died
+    return errors
+
+
+def _error_line(cell) -> str:
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            return f"{output.get('ename', '')}: {str(output.get('evalue', ''))[:300]}"
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    cell_timeout = float(argv[0])
+    for name in argv[1:]:
+        errors = run_notebook(Path(name).resolve(), cell_timeout)
+        print(ERRORS_MARK + json.dumps({"notebook": name, "errors": errors}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
