@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ddp_lab.exercises.feedback import Failure, collecting, failed, last_failure
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed, all_exercises, find
+from ddp_lab.exercises.sealed import Sealed
 from ddp_lab.exercises.stubs import is_stub
 
 __all__ = ["names", "check", "solution", "recipe", "describe", "last_failure", "ExerciseFailed",
@@ -54,6 +55,8 @@ def check(name: str, fn) -> str:
     mistake and its smallest evidence, ending by offering the recipe; ``last_failure()``
     then holds the full values and traceback. On a stub, or when ``fn`` raises
     NotImplementedError on some rank, returns a "not solved yet" report with the hint.
+    The checker gets ``fn`` sealed (sealed.py): the reference solutions, the store, files,
+    threads and the checker's frames are out of its reach while it runs.
     """
     __tracebackhide__ = True  # IPython and pytest show the failure, not this frame
     exercise = find(name)
@@ -63,7 +66,7 @@ def check(name: str, fn) -> str:
         return _say(f"{name}: {NOT_SOLVED}. {exercise.hint}")
     with collecting() as evidence:
         try:
-            report = exercise.checker(fn)
+            report = exercise.checker(Sealed(fn, exercise))
         except NotImplementedError:
             return _say(f"{name}: {NOT_SOLVED}. {exercise.hint}")
         except ExerciseFailed as failure:
