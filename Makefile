@@ -18,7 +18,7 @@ PIP_HAS_INDEX := $(shell $(PYTHON) -m pip config list 2>/dev/null | grep -E 'ind
 TORCH_INDEX ?= $(if $(shell command -v nvidia-smi)$(PIP_HAS_INDEX),,https://download.pytorch.org/whl/cpu)
 TORCH_FROM := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 
-.PHONY: setup course test test-fast test-gpu clean
+.PHONY: setup graders course test test-fast test-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,19 @@ $(VENV)/.installed: pyproject.toml
 	@$(BIN)/python -c 'import sys, torch; print("python:", sys.executable, "torch:", torch.__version__)'
 	@touch $@
 
+# nbgrader and Otter-Grader (pyproject's `grading` extra) in a venv of their own, for the tests
+# that run them on `ddp-lab assign`'s exports (tests/grading/test_assign*.py skip without it).
+GRADERS ?= build/venv-graders
+GRADING_EXTRA := $(BIN)/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["grading"]))'
+
+graders: $(GRADERS)/.installed
+
+$(GRADERS)/.installed: pyproject.toml | $(VENV)/.installed
+	$(PYTHON) -m venv $(GRADERS)
+	$(GRADERS)/bin/python -m pip install --quiet --upgrade pip
+	$(GRADERS)/bin/python -m pip install --quiet $$($(GRADING_EXTRA))
+	@touch $@
+
 course: setup
 	$(BIN)/ddp-lab notebooks
 
@@ -43,7 +56,7 @@ course: setup
 WORKERS ?= 2
 XDIST := -n $(WORKERS) --dist loadfile
 
-test: setup
+test: setup graders
 	$(BIN)/python -m pytest -q $(XDIST)
 
 # The markers are registered in pyproject.toml (--strict-markers): a typo fails, not skips.
