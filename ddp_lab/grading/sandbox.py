@@ -1,0 +1,241 @@
+"""Run a command the grader does not trust (a learner's notebook, the checks of its
+functions) where it can harm nothing: its own user, network, PID, mount and IPC
+namespaces; the machine's files read-only but for its ``folder``; the other submissions'
+folders hidden; a private /tmp and /dev/shm; budgets of wall clock, memory, processes and
+output; and nothing left behind however it ends (issue 45: "an isolated, unprivileged
+environment").
+
+The namespaces are made by sandbox_helper.py (stdlib only, run as ``python -I -S``, like
+the launcher's namespaces.py), whose docstring says how. Run as root, the command runs as
+``nobody``; run as another user, as that user. Either way it holds no capability and
+cannot gain one, and everything it starts lives in its PID namespace, which dies with
+it. Nested namespaces still work inside (ddp_lab.run makes its own network namespaces).
+
+What the sandbox does not bound: the disk space of files written into ``folder`` (each
+file is at most ``memory_bytes``; there is no quota), and CPU time within ``wall_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_lab.grading.sandbox_output import KeptBytes
+
+HELPER = Path(__file__).with_name("sandbox_helper.py")
+PACKAGE_HOME = Path(__file__).resolve().parents[2]  # the folder that holds ddp_lab
+OUTPUT_BYTES = 1 << 20  # kept of each of stdout and stderr: half from the start, half from the end
+STATUS_BYTES = 1 << 16
+STOP_GRACE_S = 10.0  # after a stop, how long the helper may take to empty the namespace
+MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc",
+                "can't allocate memory", "out of memory")
+GIB = 1 << 30
+ADVICE = (". The grader runs each submission in user, network, PID and mount namespaces of "
+          "its own: where the kernel refuses user namespaces, allow them (sysctl "
+          "kernel.unprivileged_userns_clone=1 on older Debian kernels, "
+          "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 23.10 and later, "
+          "user.max_user_namespaces above 0), or grade in a container that allows them")
+NOBODY = 65534  # where the system has no ``nobody`` entry
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be made on this machine; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How the command ended. ``returncode`` is negative for a signal (-9 when it was
+    stopped at its wall-clock budget); ``stdout``/``stderr`` keep their first and last
+    ``OUTPUT_BYTES / 2`` bytes each, with a line saying what was dropped between them;
+    ``reason`` is "" or one line for a grade: why the command was stopped or failed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    reason: str
+
+
+def run_sandboxed(argv: list[str], folder: Path, *, wall_s: float, memory_bytes: int,
+                  max_processes: int, env: dict | None = None) -> SandboxResult:
+    """Run ``argv`` in ``folder`` (its one writable place, also its working folder),
+    killed with every process it started after ``wall_s`` seconds; each process may map
+    ``memory_bytes``, and together they may number ``max_processes`` (threads count).
+    ``env``: the command's environment (default: PATH, and HOME and TMPDIR in its
+    private /tmp). Raises SandboxUnavailable where namespaces cannot be made."""
+    orders = _orders(argv, folder, wall_s, memory_bytes, max_processes, env)
+    status_read, status_write = os.pipe()
+    try:
+        helper = _start(orders, status_write)
+    finally:
+        os.close(status_write)
+    try:
+        outcome = _watch(helper, status_read, time.monotonic() + wall_s)
+    finally:
+        _stop(helper)
+    return _result(outcome, wall_s, memory_bytes, max_processes)
+
+
+def _orders(argv, folder, wall_s, memory_bytes, max_processes, env) -> dict:
+    """The helper's orders, after checking what the caller gave."""
+    if not argv or not all(isinstance(arg, str) for arg in argv):
+        raise ValueError(f"argv must be a non-empty list of strings, not {argv!r}")
+    if wall_s <= 0 or memory_bytes <= 0 or max_processes < 1:
+        raise ValueError("wall_s, memory_bytes and max_processes must be positive "
+                         f"(got {wall_s}, {memory_bytes}, {max_processes})")
+    place = Path(folder).resolve(strict=True)
+    _check_folder(place)
+    if env is None:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env = {"HOME": "/tmp", "TMPDIR": "/tmp", **env}
+    uid, gid = sandbox_user()
+    needed = sorted({str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix, PACKAGE_HOME)})
+    return {"needed": needed, "argv": list(argv), "folder": str(place), "uid": uid, "gid": gid, "memory_bytes": int(memory_bytes),
+            "max_processes": int(max_processes), "env": env, "caller": os.getpid()}
+
+
+def _check_folder(place: Path) -> None:
+    """The folder must be a folder whose parent can be hidden: not the root, not holding
+    (nor beside) the Python or the ddp_lab package the command needs."""
+    if not place.is_dir():
+        raise ValueError(f"{place} is not a folder: give run_sandboxed the folder the "
+                         "command may write in")
+    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), PACKAGE_HOME]
+    if place.parent == place or place.parent == Path("/"):
+        raise ValueError(f"{place} cannot be sandboxed: its parent would be hidden, and "
+                         "that is the root; use a folder inside a folder of its own")
+    for path in needed:
+        if path == place.parent or place.parent in path.parents or place in path.parents:
+            raise ValueError(f"{place}: its parent is hidden inside the sandbox, and it "
+                             f"holds {path}, which the command needs; put the folder in a "
+                             "folder of its own (a temporary folder, say)")
+
+
+def sandbox_user() -> tuple[int, int]:
+    """The user the command runs as: the caller's own, or, for root, ``nobody`` (root's
+    files then belong to no one inside: only what the world may read can be read)."""
+    if os.geteuid() != 0:
+        return os.geteuid(), os.getegid()
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return NOBODY, NOBODY
+
+
+def _start(orders: dict, status_write: int) -> subprocess.Popen:
+    """The helper, its orders written; the folder given to the sandbox's user first."""
+    if os.geteuid() == 0:
+        _hand_over(Path(orders["folder"]), orders["uid"], orders["gid"])
+    helper = subprocess.Popen([sys.executable, "-I", "-S", str(HELPER)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, pass_fds=(status_write,),
+                              start_new_session=True)
+    orders = {**orders, "status_fd": status_write}
+    try:
+        helper.stdin.write(json.dumps(orders).encode())
+        helper.stdin.close()
+    except BrokenPipeError:
+        pass  # it died at once: its stderr says why
+    return helper
+
+
+def _hand_over(folder: Path, uid: int, gid: int) -> None:
+    """Give root's sandbox user the folder (links are changed, never followed)."""
+    for root, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
+    os.chown(folder, uid, gid)
+
+
+def _watch(helper: subprocess.Popen, status_read: int, deadline: float) -> dict:
+    """Read the command's output and the status pipe until all are closed (every
+    process of the sandbox is gone); at ``deadline``, stop the sandbox."""
+    kept = {helper.stdout.fileno(): KeptBytes(OUTPUT_BYTES),
+            helper.stderr.fileno(): KeptBytes(OUTPUT_BYTES), status_read: KeptBytes(STATUS_BYTES)}
+    timed_out = False
+    with selectors.DefaultSelector() as selector:
+        for fd in kept:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if timed_out:
+                    break  # the helper did not empty the namespace in time: _stop kills it
+                timed_out = True
+                helper.send_signal(signal.SIGTERM)  # it kills init, and the namespace with it
+                deadline = time.monotonic() + STOP_GRACE_S
+                continue
+            for key, _ in selector.select(left):
+                data = os.read(key.fd, 1 << 16)
+                if data:
+                    kept[key.fd].add(data)
+                else:
+                    selector.unregister(key.fd)
+    return {"stdout": kept[helper.stdout.fileno()].text(),
+            "stderr": kept[helper.stderr.fileno()].text(),
+            "status": _last_status(kept[status_read].text()), "timed_out": timed_out}
+
+
+def _last_status(text: str) -> dict:
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def _stop(helper: subprocess.Popen) -> None:
+    """End the helper if it still runs (SIGTERM: it kills init and waits for the
+    namespace to empty; SIGKILL if it does not: init then dies of its parent's death)."""
+    if helper.poll() is None:
+        helper.send_signal(signal.SIGTERM)
+        try:
+            helper.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+    for pipe in (helper.stdin, helper.stdout, helper.stderr):
+        pipe.close()
+
+
+def _result(outcome: dict, wall_s: float, memory_bytes: int,
+            max_processes: int) -> SandboxResult:
+    status, timed_out = outcome["status"], outcome["timed_out"]
+    if "error" in status:
+        raise SandboxUnavailable(f"{status['error']}{ADVICE}")
+    if timed_out or status.get("capped") or status.get("status") is None:
+        returncode = -signal.SIGKILL
+    else:
+        returncode = os.waitstatus_to_exitcode(status["status"])
+    if not timed_out and not status:
+        raise SandboxUnavailable("the sandbox's helper ended without a word: "
+                                 f"{outcome['stderr'].strip()[-2000:]}")
+    reason = _reason(returncode, outcome["stderr"], timed_out, status.get("capped", False),
+                     wall_s, memory_bytes, max_processes)
+    return SandboxResult(returncode, outcome["stdout"], outcome["stderr"], timed_out, reason)
+
+
+def _reason(returncode: int, stderr: str, timed_out: bool, capped: bool, wall_s: float,
+            memory_bytes: int, max_processes: int) -> str:
+    """One line for a grade: why the command was stopped, or what ended it."""
+    if timed_out:
+        return f"ran past its {wall_s:g} s budget"
+    if capped:
+        return f"tried to start more than {max_processes} processes (threads count)"
+    if returncode == -signal.SIGXFSZ:
+        return f"wrote a file larger than {_size(memory_bytes)}"
+    if returncode != 0 and any(sign in stderr[-20000:] for sign in MEMORY_SIGNS):
+        return f"ran out of memory ({_size(memory_bytes)} per process)"
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return ""
+
+
+def _size(count: int) -> str:
+    return f"{count / GIB:g} GiB" if count >= GIB else f"{count / (1 << 20):g} MiB"

@@ -1,0 +1,124 @@
+"""The file system a sandboxed command sees (stdlib only: imported by sandbox_helper.py,
+which runs as ``python -I -S``): the machine's, read-only, with a private /proc, /tmp and
+/dev/shm, and its ``folder`` as the one writable place, alone in a parent that hides the
+other submissions.
+
+Made in a mount namespace of the sandbox's own, by its init process, which holds every
+capability in the sandbox's user namespace until the command is executed (the command has
+none). The command can still make namespaces of its own (ddp_lab.run does), but the kernel
+copies our mounts into them locked: read-only stays read-only and a mount cannot be
+removed to show what lies beneath it ("Restrictions on mount namespaces",
+https://man7.org/linux/man-pages/man7/mount_namespaces.7.html).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32  # <sys/mount.h>
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
+# The options of a mount that a remount must repeat: in a user namespace the kernel
+# refuses a remount that would drop one of them (they are locked).
+KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
+                "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME,
+                "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+FRESH = ("/tmp", "/dev/shm")  # empty tmpfs mounts of the sandbox's own
+PARENT_SIZE = "1m"  # the tmpfs that hides the folder's parent holds only a folder name
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+
+
+class MountRefused(OSError):
+    """A step of building the sandbox's file system failed; the message says which."""
+
+
+def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int]) -> None:
+    """Give this process's (new) mount namespace the sandbox's view: ``folder`` is an
+    absolute, resolved path, ``kept`` a descriptor of it opened in this mount
+    namespace before the change of user (nobody may not reach it by its path), ``scratch_bytes`` the size
+    of each private tmpfs, ``needed`` the folders the command needs (the Python, the
+    package) with descriptors opened like ``kept``. Runs in the new PID namespace (its
+    /proc shows that one)."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do reaches the machine's
+    for point, options in _mount_points():
+        mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | options)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for place in FRESH:
+        if os.path.isdir(place):
+            tmpfs(place, f"size={scratch_bytes},mode=1777")
+    for path, descriptor in needed.items():
+        if not os.access(path, os.R_OK | os.X_OK):
+            expose(path, descriptor)
+    put_back(folder, kept)
+
+
+def expose(path: str, kept: int) -> None:
+    """Make ``path`` (a folder open as ``kept``) reachable, read-only, by the sandbox's
+    user, who cannot enter one of its parents (root's Python under /root, which is 0700):
+    an empty tmpfs over that parent (what else it holds stays hidden), ``path`` bound
+    into it."""
+    blocked = path
+    for parent in _ancestors(path):
+        if not os.access(parent, os.X_OK):
+            blocked = parent
+            break
+    tmpfs(blocked, "size=1m,mode=755")
+    os.makedirs(path, exist_ok=True)
+    mount(f"/proc/self/fd/{kept}", path, None, MS_BIND | MS_REC)
+    mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _ancestors(path: str) -> list[str]:
+    """``/a/b/c`` -> ``/a``, ``/a/b``: the folders one passes through to reach it."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def put_back(folder: str, kept: int) -> None:
+    """Mount the folder open as ``kept`` at ``folder`` again, writable, in an empty tmpfs
+    over its parent (other submissions live beside it), unless the parent is already in
+    one of the fresh tmpfs mounts."""
+    parent = os.path.dirname(folder)
+    fresh = any(parent == place or parent.startswith(place + "/") for place in FRESH)
+    os.makedirs(parent, exist_ok=True)  # only where a fresh tmpfs hid it
+    if not fresh:
+        tmpfs(parent, f"size={PARENT_SIZE},mode=755")
+    os.makedirs(folder, exist_ok=True)
+    mount(f"/proc/self/fd/{kept}", folder, None, MS_BIND | MS_REC)
+    mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+
+
+def tmpfs(place: str, options: str) -> None:
+    mount("tmpfs", place, "tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
+def mount(source: str | None, target: str, kind: str | None, flags: int,
+          options: str | None = None) -> None:
+    encode = lambda text: None if text is None else text.encode()  # noqa: E731
+    if _libc.mount(encode(source), encode(target), encode(kind), flags, encode(options)):
+        errno = ctypes.get_errno()
+        raise MountRefused(errno, f"mount of {target} ({kind or 'remount/bind'}) failed: "
+                                  f"{os.strerror(errno)}")
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """Each mount point of this namespace once (the top mount of a stack is listed last:
+    its options win), with the options a remount must keep."""
+    points: dict[str, int] = {}
+    with open("/proc/self/mountinfo") as table:
+        for line in table:
+            fields = line.split()
+            point = _unescape(fields[4])
+            points[point] = sum(KEPT_OPTIONS.get(o, 0) for o in fields[5].split(","))
+    return list(points.items())
+
+
+def _unescape(path: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes (\\040...)."""
+    for code in ("040", "011", "012", "134"):
+        path = path.replace("\\" + code, chr(int(code, 8)))
+    return path
