@@ -11,6 +11,11 @@ functions only, no test here."""
 
 from __future__ import annotations
 
+import hashlib
+import math
+import os
+import sys
+import tempfile
 import threading
 import time
 from time import sleep
@@ -102,6 +107,59 @@ def gathered_objects_max(value):
     everybody = [None] * dist.get_world_size()
     all_gather_object(everybody, value)
     return max(everybody)
+
+
+def max_started_at_zero(value):
+    everybody = [None] * dist.get_world_size()
+    all_gather_object(everybody, value)
+    best = 0.0
+    for each in everybody:
+        best = max(best, each)
+    return best
+
+
+def max_over_a_tensor_of_zeros(value):
+    slots = torch.zeros(dist.get_world_size(), dtype=torch.float64)
+    slots[dist.get_rank()] = value
+    all_reduce(slots, op=dist.ReduceOp.MAX)
+    return slots.max().item()
+
+
+def max_started_at_minus_infinity(value):
+    everybody = [None] * dist.get_world_size()
+    all_gather_object(everybody, value)
+    best = -math.inf
+    for each in everybody:
+        best = max(best, each)
+    return best
+
+
+def numbers_in_the_callers_frames(value):
+    """Every number the frames above hold (the checker's, if it kept them in the rank)."""
+    frame, seen = sys._getframe(0).f_back, [value]
+    while frame is not None:
+        for local in frame.f_locals.values():
+            if isinstance(local, (list, tuple, dict)):
+                items = local.values() if isinstance(local, dict) else local
+                seen += [x for x in items if isinstance(x, float)]
+        frame = frame.f_back
+    return max(seen)
+
+
+def max_through_the_store(value):
+    store = distributed_c10d._get_default_store()
+    store.set(f"max/{dist.get_rank()}", str(value))
+    return max(float(store.get(f"max/{r}")) for r in range(dist.get_world_size()))
+
+
+def max_through_files(value):
+    folder = os.path.join(tempfile.gettempdir(), f"max-{os.getppid()}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, str(dist.get_rank())), "w") as mine:
+        mine.write(str(value))
+    while len(os.listdir(folder)) < dist.get_world_size():
+        sleep(0.01)
+    return max(float(open(os.path.join(folder, name)).read()) for name in os.listdir(folder))
 
 
 # -- 00b -------------------------------------------------------------------------------------
@@ -223,6 +281,35 @@ def group_method_range(model):
     return torch.equal(both[:len(v)], -both[len(v):])
 
 
+def compares_ranks_0_and_1(model):
+    everybody = [torch.empty_like(_bits(model)) for _ in range(dist.get_world_size())]
+    all_gather(everybody, _bits(model))
+    return torch.equal(everybody[0], everybody[min(1, len(everybody) - 1)])
+
+
+def fingerprint_by_hash(model):
+    """Python's hash() of the bytes: salted per process, so ranks started apart disagree."""
+    mine = hash(_bits(model).numpy().tobytes())
+    both = torch.tensor([mine, -mine])
+    all_reduce(both, op=dist.ReduceOp.MAX)
+    return bool(both[0] == -both[1])
+
+
+def fingerprint_by_sha256(model):
+    digest = hashlib.sha256(_bits(model).numpy().tobytes()).digest()
+    v = torch.tensor(list(digest), dtype=torch.int32)
+    both = torch.cat([v, -v])
+    all_reduce(both, op=dist.ReduceOp.MAX)
+    return torch.equal(both[:len(v)], -both[len(v):])
+
+
+def weights_through_the_store(model):
+    store = distributed_c10d._get_default_store()
+    store.set(f"weights/{dist.get_rank()}", _bits(model).numpy().tobytes())
+    mine = store.get(f"weights/{dist.get_rank()}")
+    return all(store.get(f"weights/{r}") == mine for r in range(dist.get_world_size()))
+
+
 # -- 01.store_barrier ----------------------------------------------------------------------
 def sleeping_barrier(store, world_size, name):
     time.sleep(1)
@@ -340,6 +427,12 @@ MUTANTS = [
     ("00.max_over_ranks", summed_by_the_group, "sum of the values"),
     ("00.max_over_ranks", functional_mean, "mean of the values"),
     ("00.max_over_ranks", c10d_minimum, "expected the largest"),
+    ("00.max_over_ranks", max_started_at_zero, "Every value was negative"),
+    ("00.max_over_ranks", max_over_a_tensor_of_zeros, "Every value was negative"),
+    ("00.max_over_ranks", numbers_in_the_callers_frames,
+     "frames above your function|own value|expected the largest"),
+    ("00.max_over_ranks", max_through_the_store, "Store.set is closed"),
+    ("00.max_over_ranks", max_through_files, "is closed in this exercise: data moved through files"),
     ("00b.weights_agree", agrees_with_itself, "yet every rank answered True"),
     ("00b.weights_agree", compares_with_rank0, "must give the same answer"),
     ("00b.weights_agree", compares_with_rank0_by_the_group, "must give the same answer"),
@@ -353,6 +446,9 @@ MUTANTS = [
     ("00b.weights_agree", compared_as_floats, "NaN on every rank.*NaN == NaN"),
     ("00b.weights_agree", nan_as_a_number, "-0.0 where.*sign bits"),
     ("00b.weights_agree", negated_int_bits, "-0.0 where.*sign bits"),
+    ("00b.weights_agree", compares_ranks_0_and_1, "rank [23]'s .*yet every rank answered True"),
+    ("00b.weights_agree", fingerprint_by_hash, "hash\\(\\) on bytes.*salts"),
+    ("00b.weights_agree", weights_through_the_store, "Store.set is closed"),
     ("01.store_barrier", sleeping_barrier, "fixed (wait|time)"),
     ("01.store_barrier", imported_sleep_barrier, "fixed (wait|time)"),
     ("01.store_barrier", event_wait_barrier, "fixed (wait|time)"),
@@ -375,9 +471,11 @@ RIGHT = [
     ("00.max_over_ranks", group_method_max),
     ("00.max_over_ranks", functional_max),
     ("00.max_over_ranks", gathered_objects_max),
+    ("00.max_over_ranks", max_started_at_minus_infinity),
     ("00b.weights_agree", broadcast_then_vote),
     ("00b.weights_agree", gathered_and_compared),
     ("00b.weights_agree", group_method_range),
+    ("00b.weights_agree", fingerprint_by_sha256),
     ("01.store_barrier", polling_barrier),
     ("01.store_barrier", every_rank_its_key),
     ("01.rank_ordered_print", turns_with_imported_barrier),

@@ -6,8 +6,8 @@ agrees (a run that blew up is still in sync) and +0.0 against -0.0 does not (== 
 equal; their sign bits differ). The check builds the same model on every rank (one seed),
 with a frozen layer (``requires_grad=False``: still a weight every rank must agree on), then
 on every world size but 1 runs one trial where the weights agree and one where one rank (a
-random one, rank 0 included) differs in one of three ways, dealt out so that every check
-meets all three: a weight of the frozen layer one float32 step up (the next representable
+random one, rank 0 included; on 4 ranks rank 2 or 3, so comparing ranks 0 and 1 alone
+fails) differs in one of three ways, spread so that every check meets all three: a weight of the frozen layer one float32 step up (the next representable
 number), a trainable weight one step up, or two different weights of one tensor swapped.
 A float32 sum or mean of the weights can round the step away and a tolerance forgives it; a
 sum, a norm, a sorted copy or any checksum that ignores positions cannot see the swap;
@@ -15,16 +15,26 @@ skipping frozen weights misses the first. Last, on one world size, the weights h
 and a zero: once the same bits everywhere (agree), once with the zero negated on one rank
 (disagree); a comparison of float values gets both wrong. An answer that only one rank
 knows, or that differs between ranks, fails. The weights must come back untouched.
+
+The checker makes every rank's weights and hands each rank only its own
+(:func:`~ddp_lab.exercises.sealed.deal`): which rank differs, and how, is known only in the
+checker's process, where the verdicts are judged. Ranks forked from one server share
+Python's per-process salt for ``hash()`` of bytes and str; the check gives each rank its
+own, as ranks started apart have, so a fingerprint by ``hash()`` fails as it would there.
 """
 
 from __future__ import annotations
 
+import builtins
+
 import torch
 import torch.distributed as dist
 
+from ddp_lab.exercises.builtins_off import replaced
 from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.sealed import deal
 
 DIFFERENCES = ("frozen", "trainable", "swap")
 BITS = ("nan", "zero")  # the last trials: a NaN and a zero in the weights (same bits, -0.0)
@@ -51,10 +61,11 @@ def _model(seed: int, bits: bool = False) -> torch.nn.Module:
     float32 step is too small for any sum to see. With ``bits``, the first weight is NaN and
     the second 0.0 on every rank."""
     sizes = torch.randint(2, 6, (4,), generator=generator(seed)).tolist()
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Tanh(),
-                                torch.nn.Linear(sizes[1], sizes[2]), torch.nn.Tanh(),
-                                torch.nn.Linear(sizes[2], sizes[3]))
+    with torch.random.fork_rng(devices=[]):  # the caller's own random state stays as it was
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.Tanh(),
+                                    torch.nn.Linear(sizes[1], sizes[2]), torch.nn.Tanh(),
+                                    torch.nn.Linear(sizes[2], sizes[3]))
     model[4].requires_grad_(False)
     with torch.no_grad():
         for param in model.parameters():
@@ -100,41 +111,98 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8)
 
 
-def _trial(fn, seed: int, odd_rank: int | None, how: str):
-    model = _model(seed, bits=how in BITS)
-    if how in BITS:
-        differs = _bits_differ(model) if dist.get_rank() == odd_rank else None
-    else:
-        differs = _differ(model, seed, how) if dist.get_rank() == odd_rank else None
-    before = [p.detach().clone() for p in model.parameters()]
-    got = fn(model)
-    kept = all(torch.equal(_bytes(a), _bytes(p)) for a, p in zip(before, model.parameters()))
-    return got, kept, differs
+def rank_weights(seed: int, n: int, odd_rank: int | None, how: str) -> tuple[list, str]:
+    """Every rank's weights (a list of tensors each), made here, and what makes the odd
+    rank's differ, in words ("" when all agree)."""
+    weights, differs = [], ""
+    for rank in range(n):
+        model = _model(seed, bits=how in BITS)
+        if rank == odd_rank:
+            differs = _bits_differ(model) if how in BITS else _differ(model, seed, how)
+        weights.append([p.detach().clone() for p in model.parameters()])
+    return weights, differs
+
+
+def _rebuilt(weights: list) -> torch.nn.Module:
+    """This rank's model, from its weights alone: the architecture of :func:`_model`."""
+    shapes = [w.shape for w in weights[::2]]
+    layers = [torch.nn.Linear(shape[1], shape[0]) for shape in shapes]
+    model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1], torch.nn.Tanh(), layers[2])
+    with torch.no_grad():
+        for param, weight in zip(model.parameters(), weights):
+            param.copy_(weight)
+    model[4].requires_grad_(False)
+    return model
+
+
+def salted_hash(salt: int, calls: list):
+    """``hash`` as a rank started on its own would have it: the hash of a str or bytes is
+    salted per process (PYTHONHASHSEED), so ranks that torchrun or another machine started
+    hash the same bytes differently. Ranks forked from one server share the salt; this gives
+    each its own, and notes each salted call in ``calls``."""
+    plain = builtins.hash
+
+    def hash(obj):  # noqa: A001 - it stands in for the built-in
+        value = plain(obj)
+        if _salted(obj):
+            calls.append(type(obj).__name__)
+            return plain((salt, value))
+        return value
+    return hash
+
+
+def _salted(obj) -> bool:
+    if isinstance(obj, (str, bytes, memoryview)):
+        return True
+    return isinstance(obj, (tuple, frozenset)) and any(_salted(x) for x in obj)
+
+
+def _trial(fn, dealt, salt: int):
+    """The learner's verdict on this rank's weights (the only ones it sees), whether they
+    came back untouched, and whether it hashed bytes or str."""
+    model = _rebuilt(dealt.take())
+    before = [_bytes(p).clone() for p in model.parameters()]
+    hashed: list = []
+    with replaced(builtins, "hash", salted_hash(salt + dist.get_rank(), hashed)):
+        got = fn(model)
+    kept = all(torch.equal(a, _bytes(p)) for a, p in zip(before, model.parameters()))
+    return got, kept, bool(hashed)
+
+
+def odd_ranks(seed: int) -> dict[int, int]:
+    """The rank that differs, per world size: on 2 and 3 ranks any (rank 0 included), on 4
+    one of ranks 2 and 3, so an answer that compares ranks 0 and 1 only misses it."""
+    draw = {n: int(torch.randint(0, n, (1,), generator=generator(seed, n))) for n in WORLD_SIZES}
+    return {**draw, 4: 2 + draw[4] % 2}
+
+
+def _one_trial(fn, seed: int, n: int, odd: int | None, how: str) -> None:
+    weights, differs = rank_weights(seed, n, odd, how)
+    salt = int(torch.randint(1, 2 ** 30, (1,), generator=generator(seed, n, 5)))
+    each_world(_trial, (fn, deal(weights), salt), seed=seed, sizes=(n,),
+               judge_world=lambda results, n: _judge(results, odd, differs, on(n, seed), how))
 
 
 def check_weights_agree(fn) -> str:
     seed = new_seed()
     order = torch.randperm(len(DIFFERENCES), generator=generator(seed, 1)).tolist()
+    odd_rank = odd_ranks(seed)
     for n in WORLD_SIZES:
         how = DIFFERENCES[order[(n - 2) % len(DIFFERENCES)]]
-        odd_rank = int(torch.randint(0, n, (1,), generator=generator(seed, n)))
-        for odd in [None] + ([odd_rank] if n > 1 else []):
-            each_world(_trial, (fn, seed, odd, how), seed=seed, sizes=(n,),
-                       judge_world=lambda results, n: _judge(results, odd, on(n, seed), how))
+        for odd in [None] + ([odd_rank[n]] if n > 1 else []):
+            _one_trial(fn, seed, n, odd, how)
     n = WORLD_SIZES[1:][seed % (len(WORLD_SIZES) - 1)]
-    odd_rank = int(torch.randint(0, n, (1,), generator=generator(seed, n, 2)))
-    for odd, how in ((None, "nan"), (odd_rank, "zero")):
-        each_world(_trial, (fn, seed, odd, how), seed=seed, sizes=(n,),
-                   judge_world=lambda results, n: _judge(results, odd, on(n, seed), how))
+    odd = int(torch.randint(0, n, (1,), generator=generator(seed, n, 2)))
+    for odd, how in ((None, "nan"), (odd, "zero")):
+        _one_trial(fn, seed, n, odd, how)
     return (f"the same verdict on every rank, on 1-4 ranks, with one rank a float32 step "
             f"off (in a frozen and in a trainable layer), two weights swapped, or -0.0 for "
             f"+0.0, and a NaN on every rank agreeing with itself (seed {seed})")
 
 
-def _judge(results: list, odd_rank: int | None, where: str, how: str = "") -> None:
+def _judge(results: list, odd_rank: int | None, differs: str, where: str, how: str) -> None:
     expected = odd_rank is None
-    held = ("every rank held the same weights" if expected else
-            f"rank {odd_rank}'s {results[odd_rank][2]}")
+    held = "every rank held the same weights" if expected else f"rank {odd_rank}'s {differs}"
     if expected and how == "nan":
         held += ", bit for bit, 0.weight[0] NaN on every rank"
     for rank, (got, kept, _) in enumerate(results):
@@ -146,15 +214,22 @@ def _judge(results: list, odd_rank: int | None, where: str, how: str = "") -> No
             raise ExerciseFailed(f"{where}: rank {rank} returned {type(got).__name__} "
                                  f"{got!r}; return a bool (bool(...) of a tensor comparison).")
     answers = [got for got, _, _ in results]
+    hashed = any(used for _, _, used in results)
     if len(set(answers)) > 1:
         raise ExerciseFailed(f"{where}: {held}, and the ranks answered {answers}: every rank "
                              "must give the same answer, so each needs what all the others hold.")
     if answers[0] != expected:
         raise ExerciseFailed(f"{where}: {held}, yet every rank answered {answers[0]}. "
-                             f"{_why_missed(held)}")
+                             f"{_why_missed(held, hashed and expected)}")
 
 
-def _why_missed(held: str) -> str:
+def _why_missed(held: str, hashed: bool = False) -> str:
+    if hashed:
+        return ("Your function called hash() on bytes or a str: Python salts those hashes per "
+                "process (PYTHONHASHSEED), so ranks started apart (torchrun, other machines) "
+                "hash the same bytes differently, and this check gives each rank its own salt. "
+                "Compare the bytes themselves, or a digest that depends on them alone "
+                "(hashlib).")
     if "NaN on every rank" in held and "-0.0" not in held:
         return ("NaN == NaN is False for floats, yet the bits agree: compare the bits "
                 "(a tensor's .view(torch.uint8) or .view(torch.int32)), not the values.")
