@@ -60,14 +60,24 @@ class Sealed:
     unpickles the function inside the seal (so nothing of it runs outside) and calls it."""
 
     def __init__(self, fn, exercise):
-        self.pickled = fn.pickled if isinstance(fn, Sealed) else payload.dumps(fn)
-        self.name = exercise.name
+        self._set_up(fn.pickled if isinstance(fn, Sealed) else payload.dumps(fn), exercise,
+                     getattr(fn, "__name__", type(fn).__name__))
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    @classmethod
+    def from_pickled(cls, pickled: bytes, exercise, name: str) -> "Sealed":
+        """A function that arrives pickled (``ddp-lab grade`` takes it out of the learner's
+        kernel with ``payload.dumps``): it is unpickled only inside the seal, where it runs,
+        so whatever its pickle does happens sealed, and never in the grader's process."""
+        seal = cls.__new__(cls)
+        seal._set_up(bytes(pickled), exercise, name)
+        seal.__doc__ = None
+        return seal
+
+    def _set_up(self, pickled: bytes, exercise, name: str) -> None:
+        self.pickled, self.name, self.__name__, self._fn = pickled, exercise.name, name, None
         self.closed = tuple(door for door in DOORS if door not in exercise.open_doors)
         self.references = reference_prints(exercise)
-        self.is_class = isinstance(fn, type)
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        self.__doc__ = getattr(fn, "__doc__", None)
-        self._fn = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
