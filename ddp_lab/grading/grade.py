@@ -56,15 +56,16 @@ def grade_class(paths: list[Path], out_dir: Path, *, jobs: int | None = None,
     check_paths(paths)
     if results_json is not None and len(paths) != 1:
         raise ValueError("--results-json writes one submission's results: name exactly one")
-    jobs = jobs or os.cpu_count() or 1
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # grades are the instructor's
     names = submission_names(paths)
+    hidden = tuple(p.resolve() for p in [*paths, out_dir])  # no submission reads another
 
     def one(path_and_name) -> SubmissionGrade:
         path, name = path_and_name
-        grade = grade_submission(read_submission(path, name, course_dir), budgets)
+        grade = grade_submission(read_submission(path, name, course_dir), budgets, hidden)
         write_submission(grade, out_dir / name)
         progress(f"{name}: {grade.score:g} / {grade.max_score:g} "
                  f"({grade.seconds:.0f} s)")

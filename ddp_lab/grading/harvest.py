@@ -44,16 +44,20 @@ def run_notebook(path: Path, cell_timeout: float) -> dict[int, str]:
         died = f"the kernel stopped: {type(exc).__name__}: {str(exc)[:200]}"
     finally:
         manager.cleanup_connection_file()
-    errors = {i: _error_line(cell) for i, cell in enumerate(nb.cells) if _error_line(cell)}
+    errors = {i: said for i, cell in enumerate(nb.cells)
+              if (said := _error_line(cell, cell_timeout))}
     if died:
         errors[-1] = died
     return errors
 
 
-def _error_line(cell) -> str:
+def _error_line(cell, cell_timeout: float) -> str:
     for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            return f"{output.get('ename', '')}: {str(output.get('evalue', ''))[:300]}"
+        if output.get("output_type") != "error":
+            continue
+        if output.get("ename") == "KeyboardInterrupt":  # only a timeout interrupts the kernel
+            return f"TimeoutError: it ran past the {cell_timeout:g} s a cell may run"
+        return f"{output.get('ename', '')}: {str(output.get('evalue', ''))[:300]}"
     return ""
 
 

@@ -9,6 +9,7 @@ result lines. Nothing else the sandboxes wrote counts for a score.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import secrets
@@ -23,7 +24,7 @@ import nbformat
 from ddp_lab.grading import results as r
 from ddp_lab.grading.checking import read_results
 from ddp_lab.grading.harvest import ERRORS_MARK
-from ddp_lab.grading.interim_sandbox import run_sandboxed
+from ddp_lab.grading.sandbox import run_sandboxed
 from ddp_lab.grading.kernel_cells import PAYLOAD_SUFFIX, kernel_notebook
 from ddp_lab.grading.submission import Submission
 from ddp_lab.tools.notebook_runner import kernel_env
@@ -53,19 +54,22 @@ class Budgets:
                                  f"{getattr(self, name)!r}")
 
 
-def grade_submission(submission: Submission, budgets: Budgets) -> r.SubmissionGrade:
+def grade_submission(submission: Submission, budgets: Budgets,
+                     hidden: tuple[Path, ...] = ()) -> r.SubmissionGrade:
     """Run and check every exercise of ``submission``; never raises for what the
-    submission does."""
+    submission does. ``hidden``: paths its sandboxes must not show (every submission of
+    the class, the grades)."""
     started = time.perf_counter()
-    grade = r.SubmissionGrade(name=submission.name, source=str(submission.path))
+    grade = r.SubmissionGrade(name=submission.name, source=str(submission.path.resolve()))
     grade.notes += [reject.reason for reject in submission.rejected]
     exercises = submission.exercises()
     attempted = {name: nb for name, nb in exercises.items() if not nb.is_stub(name)}
     with tempfile.TemporaryDirectory(prefix="ddp-lab-grade-") as work:
-        payloads, said = _harvest(submission, Path(work), budgets, grade.notes)
+        sandbox = _Sandbox(budgets, tuple(hidden))
+        payloads, said = _harvest(submission, Path(work), sandbox, budgets.cell_s, grade.notes)
         functions = {name: nb.functions[name] for name, nb in exercises.items()}
         outcomes = _check({e: p for e, p in payloads.items() if e in attempted}, functions,
-                          Path(work), budgets, grade.notes)
+                          Path(work), sandbox, grade.notes)
     for name, nb in exercises.items():
         grade.exercises.append(_exercise_grade(name, nb, attempted, payloads, outcomes,
                                                said))
@@ -89,7 +93,24 @@ def _exercise_grade(name, nb, attempted, payloads, outcomes, said) -> r.Exercise
     return r.ExerciseGrade(name, outcome.status, outcome.output)
 
 
-def _harvest(submission, work: Path, budgets: Budgets, notes: list[str]):
+@dataclass(frozen=True)
+class _Sandbox:
+    """``run_sandboxed`` with the budgets and the hidden paths (where this sandbox.py can
+    hide paths); the wall-clock budget is given per step."""
+
+    budgets: Budgets
+    hidden: tuple[Path, ...]
+
+    def run(self, argv: list[str], folder: Path, wall_s: float):
+        hide = {"hidden": self.hidden} if self.hidden and "hidden" in inspect.signature(
+            run_sandboxed).parameters else {}
+        return run_sandboxed(argv, folder, wall_s=wall_s,
+                             memory_bytes=self.budgets.memory_bytes,
+                             max_processes=self.budgets.max_processes,
+                             env=sandbox_env(folder), **hide)
+
+
+def _harvest(submission, work: Path, sandbox: _Sandbox, cell_s: float, notes: list[str]):
     """Run the kernels; return ({exercise: payload bytes}, {exercise: its cell's error})."""
     folder = _private(work / "kernel")
     names = []
@@ -98,12 +119,9 @@ def _harvest(submission, work: Path, budgets: Budgets, notes: list[str]):
         nbformat.write(kernel_notebook(nb), folder / names[-1])
     if not names:
         return {}, {}
-    argv = [sys.executable, "-m", "ddp_lab.grading.harvest", f"{budgets.cell_s:g}", *names]
-    ran = run_sandboxed(argv, folder, wall_s=budgets.kernel_s * len(names),
-                        memory_bytes=budgets.memory_bytes,
-                        max_processes=budgets.max_processes, env=sandbox_env(folder))
-    if ran.timed_out or ran.reason:
-        notes.append(f"the notebook's kernel {ran.reason or 'was stopped'}")
+    argv = [sys.executable, "-m", "ddp_lab.grading.harvest", f"{cell_s:g}", *names]
+    ran = sandbox.run(argv, folder, sandbox.budgets.kernel_s * len(names))
+    _note(ran, "the notebook's kernel", notes)
     wanted = {e for nb in submission.notebooks for e in nb.functions}
     return _payloads(folder, wanted), _cell_errors(ran.stdout, submission)
 
@@ -155,8 +173,8 @@ def _by_exercise(nb, errors: dict[int, str]) -> dict[str, str]:
             if 0 <= i < len(cells) and "exercise" in cells[i].metadata}
 
 
-def _check(payloads: dict[str, bytes], functions: dict[str, str], work: Path, budgets: Budgets,
-           notes: list[str]):
+def _check(payloads: dict[str, bytes], functions: dict[str, str], work: Path,
+           sandbox: _Sandbox, notes: list[str]):
     """Check the payloads in the second sandbox; the verified outcomes by exercise."""
     if not payloads:
         return {}
@@ -169,13 +187,20 @@ def _check(payloads: dict[str, bytes], functions: dict[str, str], work: Path, bu
         job.append({"exercise": exercise, "payload": f"{exercise}{PAYLOAD_SUFFIX}",
                     "function": functions[exercise]})
     (folder / "job.json").write_text(json.dumps({"exercises": job}))
-    ran = run_sandboxed([sys.executable, "-m", "ddp_lab.grading.checking"], folder,
-                        wall_s=budgets.start_s + budgets.check_s * len(job),
-                        memory_bytes=budgets.memory_bytes,
-                        max_processes=budgets.max_processes, env=sandbox_env(folder))
-    if ran.timed_out or ran.reason:
-        notes.append(f"the checking process {ran.reason or 'was stopped'}")
+    budgets = sandbox.budgets
+    ran = sandbox.run([sys.executable, "-m", "ddp_lab.grading.checking"], folder,
+                  budgets.start_s + budgets.check_s * len(job))
+    _note(ran, "the checking process", notes)
     return read_results(ran.stdout, key)
+
+
+def _note(ran, what: str, notes: list[str]) -> None:
+    """Why a sandboxed step did not end well, in a line of the grade's notes."""
+    if ran.reason:
+        notes.append(f"{what} {ran.reason}")
+    elif ran.returncode != 0:
+        last = (ran.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1][:300]
+        notes.append(f"{what} ended with exit code {ran.returncode}: {last}")
 
 
 def _private(folder: Path) -> Path:

@@ -69,7 +69,7 @@ class SubmissionGrade:
 
     def results_json(self) -> dict:
         return {"score": self.score,
-                "output": "\n".join(self.notes) or f"{len(self.exercises)} exercises graded",
+                "output": "\n".join(self.notes) or _graded(len(self.exercises)),
                 "execution_time": round(self.seconds, 1),
                 "tests": [e.as_test() for e in self.exercises]}
 
@@ -86,9 +86,13 @@ class SubmissionGrade:
         return "\n".join(lines) + "\n"
 
 
+def _graded(count: int) -> str:
+    return f"{count} exercise{'s' if count != 1 else ''} graded"
+
+
 def write_submission(grade: SubmissionGrade, folder: Path) -> None:
     """``folder/results.json`` and ``folder/report.md``."""
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_results_json(grade, folder / "results.json")
     (folder / "report.md").write_text(grade.report_md(), encoding="utf-8")
 
