@@ -14,6 +14,7 @@ from torch.distributed import all_reduce as imported_all_reduce
 from torch.distributed.distributed_c10d import _get_default_group
 
 from ddp_lab.course.ch11_meshes.pipeline import bubble as imported_bubble
+from mutants_ch10_ch11 import CLOSED, everyones, seed_above
 
 
 def _reduced(value: float, op=dist.ReduceOp.SUM, dtype=torch.float64) -> float:
@@ -82,6 +83,64 @@ def gathers_and_calls_the_course_helper(spans):
     return imported_bubble(every)
 
 
+def assumes_spans_in_time_order(spans):
+    start = _reduced(spans[0][1], dist.ReduceOp.MIN)
+    end = _reduced(spans[-1][2], dist.ReduceOp.MAX)
+    busy = _reduced(sum(e - s for _, s, e in spans))
+    return 1 - busy / (dist.get_world_size() * (end - start))
+
+
+def float32_origin_of_its_own(spans):
+    """Times measured from this rank's earliest start rounded to float32: right wherever
+    every rank's start rounds to the same float32 number."""
+    origin = float(torch.tensor(min(s for _, s, _ in spans)))
+    start = _reduced(min(s for _, s, _ in spans) - origin, dist.ReduceOp.MIN)
+    end = _reduced(max(e for _, _, e in spans) - origin, dist.ReduceOp.MAX)
+    busy = _reduced(sum(e - s for _, s, e in spans))
+    return 1 - busy / (dist.get_world_size() * (end - start))
+
+
+# 11b: cheats -------------------------------------------------------------------------------
+
+def _bubble_around(spans, through: str) -> float:
+    """Every rank's spans by a side channel, then a dummy of the right size."""
+    flat = [span for every in everyones(spans, through) for span in every]
+    _reduced(0.0), _reduced(0.0), _reduced(0.0)
+    window = max(e for _, _, e in flat) - min(s for _, s, _ in flat)
+    return 1 - sum(e - s for _, s, e in flat) / (dist.get_world_size() * window)
+
+
+def spans_through_the_store(spans):
+    return _bubble_around(spans, "store")
+
+
+def spans_through_files(spans):
+    return _bubble_around(spans, "files")
+
+
+def spans_through_a_thread(spans):
+    return _bubble_around(spans, "thread")
+
+
+def rebuilds_from_the_checkers_seed(spans):
+    """Every rank's timeline from the checker's seed, if a frame above holds it; else its
+    own share."""
+    seed = seed_above()
+    _reduced(0.0), _reduced(0.0), _reduced(0.0)
+    if seed is None:
+        return own_share_only(spans)
+    from ddp_lab.course.ch11_meshes.exercises_b import timelines
+    every = timelines(seed, dist.get_world_size())
+    flat = [span for spans in every for span in spans]
+    window = max(e for _, _, e in flat) - min(s for _, s, _ in flat)
+    return 1 - sum(e - s for _, s, e in flat) / (len(every) * window)
+
+
+def the_formula_and_a_dummy_all_reduce(spans):
+    _reduced(0.0), _reduced(0.0), _reduced(0.0)
+    return formula_instead(spans)
+
+
 # Right answers that differ from the reference -----------------------------------------------
 
 def _three(spans):
@@ -116,6 +175,16 @@ def with_functional_collectives(spans):
     return 1 - busy.item() / (dist.get_world_size() * (end.item() - start.item()))
 
 
+def relative_times_in_float32(spans):
+    """The earliest start in float64, then times relative to it in float32: at a fraction
+    of a second float32 keeps microseconds."""
+    origin = _reduced(min(s for _, s, _ in spans), dist.ReduceOp.MIN)
+    start = _reduced(min(s for _, s, _ in spans) - origin, dist.ReduceOp.MIN, torch.float32)
+    end = _reduced(max(e for _, _, e in spans) - origin, dist.ReduceOp.MAX, torch.float32)
+    busy = _reduced(sum(e - s for _, s, e in spans), dtype=torch.float32)
+    return 1 - busy / (dist.get_world_size() * (end - start))
+
+
 def gathers_every_span(spans):
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, spans)
@@ -126,7 +195,7 @@ def gathers_every_span(spans):
 
 RIGHT = [("11b.interleaved_bubble", answer) for answer in (
     with_imported_names_and_an_average, with_the_group_method, with_functional_collectives,
-    gathers_every_span)]
+    gathers_every_span, relative_times_in_float32)]
 
 
 MUTANTS = [
@@ -145,4 +214,15 @@ MUTANTS = [
     ("11b.interleaved_bubble", returns_a_tensor, re.escape("got a tensor")),
     ("11b.interleaved_bubble", gathers_and_calls_the_course_helper,
      re.escape("pipeline.bubble is switched off in this exercise, however it is imported")),
+    ("11b.interleaved_bubble", assumes_spans_in_time_order,
+     re.escape("a rank's spans are not in time order")),
+    ("11b.interleaved_bubble", float32_origin_of_its_own,
+     re.escape("took a float32 origin of its own")),
+    ("11b.interleaved_bubble", spans_through_the_store, CLOSED),
+    ("11b.interleaved_bubble", spans_through_files, CLOSED),
+    ("11b.interleaved_bubble", spans_through_a_thread, CLOSED + "|" + re.escape("only 0 bytes")),
+    ("11b.interleaved_bubble", rebuilds_from_the_checkers_seed,
+     CLOSED + "|" + re.escape("this rank's own idle share")),
+    ("11b.interleaved_bubble", the_formula_and_a_dummy_all_reduce,
+     re.escape("1 - busy / (world_size x window)")),
 ]

@@ -15,6 +15,7 @@ from torch.distributed import all_to_all_single as imported_all_to_all_single
 from torch.distributed.distributed_c10d import _get_default_group
 
 from ddp_lab.scratch.moe import dispatch as imported_dispatch
+from mutants_ch10_ch11 import CLOSED, everyones, seed_above
 from ddp_lab.scratch.ring_attention import online_softmax_step as imported_step
 
 
@@ -261,9 +262,100 @@ def exchanges_the_counts_as_objects(rows, counts):
     return arrived, got
 
 
+def sends_point_to_point(rows, counts):
+    """The counts by all-to-all, the rows by one batch of isend/irecv per peer: each row is
+    sent once and received once (the check counted both, and refused it, once)."""
+    world, rank = counts.shape[0], dist.get_rank()
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    sent = rows.split(counts.sum(1).tolist())
+    inbox = [rows.new_empty((int(n), rows.shape[1])) for n in got.sum(1)]
+    inbox[rank].copy_(sent[rank])
+    ops = [op for j in range(world) if j != rank for op in (
+        [dist.P2POp(dist.isend, sent[j].contiguous(), j)] * bool(len(sent[j]))
+        + [dist.P2POp(dist.irecv, inbox[j], j)] * bool(len(inbox[j])))]
+    for work in dist.batch_isend_irecv(ops) if ops else ():
+        work.wait()
+    return torch.cat(inbox), got
+
+
+def counts_exchanged_as_floats(rows, counts):
+    """Right values, but counts turned float on the way (a default-dtype buffer) and back:
+    right here, and exact up to 2**24 rows."""
+    got = torch.zeros(counts.shape)
+    dist.all_to_all_single(got, counts.float())
+    got = got.long()
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    dist.all_to_all_single(arrived, rows, got.sum(1).tolist(), counts.sum(1).tolist())
+    return arrived, got
+
+
 RIGHT += [("13.dispatch", answer) for answer in (
     with_imported_names, gathers_the_counts, with_the_group_method,
-    with_functional_collectives, exchanges_the_counts_as_objects)]
+    with_functional_collectives, exchanges_the_counts_as_objects, sends_point_to_point,
+    counts_exchanged_as_floats)]
+
+
+# 13.dispatch: buffers in the default dtype, and cheats --------------------------------------
+
+def receives_into_default_float_buffers(rows, counts):
+    """torch.empty(n, width) for the rows: float32, whatever the rows are."""
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    arrived = torch.empty(int(got.sum()), rows.shape[1])
+    dist.all_to_all_single(arrived, rows, got.sum(1).tolist(), counts.sum(1).tolist())
+    return arrived, got
+
+
+def returns_float_counts(rows, counts):
+    got = torch.zeros(counts.shape)
+    dist.all_to_all_single(got, counts.float())
+    arrived = rows.new_empty((int(got.sum()), rows.shape[1]))
+    dist.all_to_all_single(arrived, rows, got.sum(1).long().tolist(), counts.sum(1).tolist())
+    return arrived, got
+
+
+def _dispatched_from(every: list, rank: int):
+    """What ``rank`` receives, worked out from every rank's (rows, counts)."""
+    blocks = [r[int(c[:rank].sum()):int(c[:rank + 1].sum())] for r, c in every]
+    return torch.cat(blocks), torch.stack([c[rank] for _, c in every])
+
+
+def _around(rows, counts, through: str):
+    """Every rank's rows by a side channel, then the right-sized all-to-alls, of zeros."""
+    answer = _dispatched_from(everyones((rows, counts), through), dist.get_rank())
+    _exchanged(torch.zeros_like(rows), counts)
+    return answer
+
+
+def rows_through_the_store(rows, counts):
+    return _around(rows, counts, "store")
+
+
+def rows_through_files(rows, counts):
+    return _around(rows, counts, "files")
+
+
+def rows_through_a_thread(rows, counts):
+    return _around(rows, counts, "thread")
+
+
+def rebuilds_from_the_checkers_seed(rows, counts):
+    """The expected rows from the checker's seed, if a frame above holds it, and a dummy
+    dispatch of zeros of the right size; with nothing found, its own rows."""
+    seed = seed_above()
+    _exchanged(torch.zeros_like(rows), counts)
+    if seed is None:
+        return rows, counts
+    from ddp_lab.course.ch13_experts.exercises import _expected
+    want = _expected(seed, dist.get_world_size(), dist.get_rank())
+    return want["arrived"], want["got"]
+
+
+def moves_zeros_and_keeps_its_rows(rows, counts):
+    """A dispatch of the right size that carries zeros, and the rows never leave."""
+    arrived, got = _exchanged(torch.zeros_like(rows), counts)
+    return arrived, got
 
 
 MUTANTS += [
@@ -282,4 +374,12 @@ MUTANTS += [
      re.escape("gloo's list form, dist.all_to_all(output_list, input_list), needs every block")),
     ("13.dispatch", counts_got_by_expert_not_by_rank,
      re.escape("got must say how many rows came from rank j for expert e: int64 of shape")),
+    ("13.dispatch", receives_into_default_float_buffers,
+     re.escape("a receive buffer must have the dtype of what it receives")),
+    ("13.dispatch", returns_float_counts, re.escape("it must be torch.int64 like counts")),
+    ("13.dispatch", rows_through_the_store, CLOSED),
+    ("13.dispatch", rows_through_files, CLOSED),
+    ("13.dispatch", rows_through_a_thread, CLOSED),
+    ("13.dispatch", rebuilds_from_the_checkers_seed, CLOSED + "|this rank's own rows"),
+    ("13.dispatch", moves_zeros_and_keeps_its_rows, re.escape("the rows received differ")),
 ]
