@@ -23,7 +23,7 @@ def export(fmt: str, notebook_dir: Path, out: Path, pattern: str = "*.ipynb") ->
         raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "gradescope":
         from ddp_lab.grading.export import gradescope_export
-        return [gradescope_export.write(out)]
+        return [gradescope_export.write(out, Path(notebook_dir))]
     from ddp_lab.grading.export.course_cells import course_notebooks
     courses = course_notebooks(Path(notebook_dir), pattern)
     if fmt == "nbgrader":

@@ -1,6 +1,7 @@
 """A Gradescope autograder: ``OUT/autograder.zip`` with, at its root, ``setup.sh`` (installs
-torch's CPU build and this ddp-lab, from the wheel packed in the zip) and
-``run_autograder`` (``ddp-lab grade`` on the submission, Gradescope's results.json out).
+torch's CPU build and this ddp-lab, from the wheel packed in the zip), ``run_autograder``
+(``ddp-lab grade`` on the submission, Gradescope's results.json out) and the course's
+shipped notebooks (``ddp-lab grade --course``: an installed wheel has no notebooks/).
 
 Gradescope's contract (https://gradescope-autograders.readthedocs.io/en/latest/specs/): the
 zip is unpacked in /autograder/source, setup.sh runs once as root when the image is built,
@@ -11,7 +12,6 @@ must leave /autograder/results/results.json. ``DDP_LAB_AUTOGRADER_ROOT`` stands 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -19,8 +19,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ddp_lab.tools.notebook_runner import find_notebooks
+
 ROOT_VARIABLE = "DDP_LAB_AUTOGRADER_ROOT"
 WHEELS = "wheels"
+NOTEBOOKS = "notebooks"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 SETUP = f"""\
@@ -41,15 +44,18 @@ RUN_AUTOGRADER = f"""\
 set -euo pipefail
 ROOT="${{{ROOT_VARIABLE}:-/autograder}}"
 mkdir -p "$ROOT/results"
-exec ddp-lab grade "$ROOT/submission" --out "$ROOT/results/ddp-lab" \\
-    --results-json "$ROOT/results/results.json"
+exec ddp-lab grade "$ROOT/submission" --course "$ROOT/source/{NOTEBOOKS}" \\
+    --out "$ROOT/results/ddp-lab" --results-json "$ROOT/results/results.json"
 """
 
 
-def write(out: Path, project: Path | None = None) -> Path:
-    """Build ``out/autograder.zip`` from the project checkout ``project`` (default: the one
-    this ddp_lab is imported from); return its path."""
+def write(out: Path, notebook_dir: Path, project: Path | None = None) -> Path:
+    """Build ``out/autograder.zip`` from the course notebooks in ``notebook_dir`` and the
+    project checkout ``project`` (default: the one this ddp_lab is imported from)."""
     project = project or checkout()
+    notebooks = find_notebooks(notebook_dir)
+    if not notebooks:
+        raise ValueError(f"no notebooks in {notebook_dir}/: pass --dir, the course's notebooks/")
     out.mkdir(parents=True, exist_ok=True)
     target = out / "autograder.zip"
     with tempfile.TemporaryDirectory(prefix="ddp-lab-assign-") as scratch:
@@ -58,6 +64,8 @@ def write(out: Path, project: Path | None = None) -> Path:
             _add_script(archive, "setup.sh", SETUP.format(torch=torch_version()))
             _add_script(archive, "run_autograder", RUN_AUTOGRADER)
             archive.write(wheel, f"{WHEELS}/{wheel.name}")
+            for notebook in notebooks:
+                archive.write(notebook, f"{NOTEBOOKS}/{notebook.name}")
     return target
 
 

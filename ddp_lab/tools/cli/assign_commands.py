@@ -22,12 +22,12 @@ def add_assign(sub) -> None:
         "hidden strict check, every other cell locked; then `nbgrader generate_assignment "
         "NB` and `nbgrader autograde NB` in OUT. otter: OUT/NB/NB.ipynb, a master notebook "
         "for `otter assign`. gradescope: OUT/autograder.zip, whose run_autograder calls "
-        "`ddp-lab grade` on the submission (built from this checkout's wheel).")
+        "`ddp-lab grade` on the submission (with this checkout's wheel and notebooks).")
     p.add_argument("--format", required=True, choices=FORMATS, dest="fmt",
                    help="the grading tool")
     p.add_argument("--out", required=True, type=Path, help="folder to write into")
     p.add_argument("--dir", default="notebooks", type=Path,
-                   help="the course's notebooks (not used by --format gradescope)")
+                   help="the course's notebooks (gradescope packs them all in the zip)")
     p.add_argument("--pattern", default="*.ipynb",
                    help="glob of the notebooks to export, e.g. '02*' (nbgrader, otter)")
     p.set_defaults(handler=_cmd_assign)
