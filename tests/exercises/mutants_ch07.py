@@ -7,6 +7,7 @@ functions only, no test here."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -123,6 +124,38 @@ def divide_after_hook(state, bucket):
     return future.then(lambda f: f.value()[0] / world)
 
 
+# -- cheats and floors ----------------------------------------------------------------------
+def garbage_of_the_right_size_hook(state, bucket):
+    """An all-reduce of the bucket's size and dtype, of zeros: every byte counted and sent,
+    and each rank keeps its own gradient."""
+    _count(state, bucket.buffer())
+    dist.all_reduce(torch.zeros_like(bucket.buffer()), async_op=True)
+    return _done(bucket.buffer())
+
+
+def float16_hook(state, bucket):
+    """Sends the bucket in float16: half the bytes it counts, and the low bits lost."""
+    _count(state, bucket.buffer())
+    narrow = bucket.buffer().half().div_(dist.get_world_size())
+    work = dist.all_reduce(narrow, async_op=True)
+    return work.get_future().then(lambda f: f.value()[0].float())
+
+
+def callers_frame_hook(state, bucket):
+    """Looks in the frame that called it for the expected gradients."""
+    _count(state, bucket.buffer())
+    sys._getframe(1).f_locals.get("expected")
+    return _averaged(bucket.buffer().div_(dist.get_world_size()))
+
+
+def store_counting_hook(state, bucket):
+    """Keeps its byte count in the rendezvous store."""
+    store = dist.distributed_c10d._get_default_store()
+    buffer = bucket.buffer()
+    state["bytes"] = store.add(f"bytes{dist.get_rank()}", buffer.numel() * buffer.element_size())
+    return _averaged(buffer.div_(dist.get_world_size()))
+
+
 MUTANTS = [
     ("07.counting_hook", summing_hook, "2x too large"),
     ("07.counting_hook", uncounted_hook, "never increased"),
@@ -135,6 +168,11 @@ MUTANTS = [
     ("07.counting_hook", sleeping_hook, "already complete"),
     ("07.counting_hook", twice_sent_hook, "all-reduced .* bytes"),
     ("07.counting_hook", float64_hook, "all-reduced .* bytes"),
+    ("07.counting_hook", garbage_of_the_right_size_hook,
+     "kept its own gradient|already complete"),
+    ("07.counting_hook", float16_hook, "all-reduced .* bytes|differ from DDP's average"),
+    ("07.counting_hook", callers_frame_hook, "frames above your function are closed"),
+    ("07.counting_hook", store_counting_hook, "Store.add is closed"),
 ]
 
 

@@ -6,6 +6,7 @@ checks every one with a single parametrized test. Data and functions only, no te
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -17,9 +18,6 @@ from torch.distributed import (all_gather, all_gather_object, all_reduce, broadc
 from torch.distributed.algorithms.join import Join
 from torch.distributed.distributed_c10d import _get_default_group
 
-from ddp_lab.course.ch08_when_it_breaks import exercises_b as ch08b
-from ddp_lab.course.ch09_torchrun import exercises as ch09
-from ddp_lab.course.ch09_torchrun import exercises_b as ch09b
 
 
 # -- 08 -------------------------------------------------------------------------------------------
@@ -240,8 +238,7 @@ def last_entry_of_each(records):
 def level_when_name_dropped(records):
     """IP-08b-1: the earlier reference, None ("level") when no buffer still holds the stuck
     collective, though the ranks are not level."""
-    last = {rank: max((seq for seq, _ in entries), default=0)
-            for rank, entries in records.items()}
+    last = {r: max((s for s, _ in entries), default=0) for r, entries in records.items()}
     stuck = min(last.values()) + 1
     names = {s: n for entries in records.values() for s, n in entries}
     if stuck not in names:
@@ -252,7 +249,7 @@ def level_when_name_dropped(records):
 def level_when_same_length(records):
     if len({len(entries) for entries in records.values()}) == 1:
         return None
-    return ch08b.first_unjoined(records)
+    return sorted_scan(records)
 
 
 # -- 08b: right but different ---------------------------------------------------------------------
@@ -302,7 +299,7 @@ def gather_everything_then_pick(value, local_world_size):
 
 
 def node_sum_as_tensor(value, local_world_size):
-    return torch.tensor(ch09.node_sum(value, local_world_size))
+    return torch.tensor(node_sum_group_method(value, local_world_size))
 
 
 def leaders_gather(tensor, local_world_size):
@@ -410,7 +407,7 @@ def digits_only_parser(visible, local_rank, gpus):
 def skip_typos(visible, local_rank, gpus):
     cleaned = None if visible is None else ",".join(
         item for item in visible.split(",") if item.strip().lstrip("+-").isdigit())
-    return ch09b.physical_gpu(cleaned, local_rank, gpus)
+    return strtoul_by_hand(cleaned, local_rank, gpus)
 
 
 def int_of_every_entry(visible, local_rank, gpus):
@@ -441,7 +438,7 @@ def strtoul_by_hand(visible, local_rank, gpus):
 
 
 def ordinal_as_string(visible, local_rank, gpus):
-    found = ch09b.physical_gpu(visible, local_rank, gpus)
+    found = strtoul_by_hand(visible, local_rank, gpus)
     return None if found is None else str(found)
 
 
@@ -500,4 +497,111 @@ MUTANTS = [
     ("09b.physical_gpu", naive_index, "seed"),
     ("09b.physical_gpu", repeats_allowed, "a repeated ordinal hides them all"),
     ("09b.physical_gpu", no_machine_limit, "one the machine lacks ends the list"),
+]
+
+
+# -- cheats: the expected answer looked for in the checker's frames ------------------------------
+def _found_above(*names):
+    """A value the frames above hold under one of ``names`` (the checker's expectation, in a
+    checker that calls the function where it keeps it), or None."""
+    frame = sys._getframe(0).f_back
+    while frame is not None:
+        for name in names:
+            if name in frame.f_locals:
+                return frame.f_locals[name]
+        frame = frame.f_back
+    return None
+
+
+def callers_want(records):
+    """Reads the caller's frame, where a checker in the same process keeps its answer."""
+    return sys._getframe(1).f_locals.get("want")
+
+
+def walked_up_to_want(records):
+    """Walks f_back (no audit event) to any frame that holds the expected answer."""
+    return _found_above("want", "expected")
+
+
+def gpu_walked_up_to_want(visible, local_rank, gpus):
+    return _found_above("want", "expected")
+
+
+def gpu_callers_want(visible, local_rank, gpus):
+    return sys._getframe(1).f_locals.get("want")
+
+
+MUTANTS += [
+    ("08b.first_unjoined", callers_want, "frames above your function are closed"),
+    ("08b.first_unjoined", walked_up_to_want, "expected"),
+    ("09b.physical_gpu", gpu_callers_want, "frames above your function are closed"),
+    ("09b.physical_gpu", gpu_walked_up_to_want, "should be"),
+]
+
+
+def node_sum_from_callers_frame(value, local_world_size):
+    """Looks for every rank's value in the caller's frame."""
+    everybody = sys._getframe(1).f_locals.get("everybody") or [value]
+    first = dist.get_rank() - dist.get_rank() % local_world_size
+    return float(sum(everybody[first:first + local_world_size]))
+
+
+def node_sum_through_files(value, local_world_size):
+    """Each rank writes its value to a file, the node's ranks read each other's."""
+    rank = dist.get_rank()
+    with open(f"/tmp/ddp-lab-node-sum-{rank}", "w") as f:
+        f.write(repr(value))
+    dist.barrier()
+    first = rank - rank % local_world_size
+    total = 0.0
+    for peer in range(first, first + local_world_size):
+        with open(f"/tmp/ddp-lab-node-sum-{peer}") as f:
+            total += float(f.read())
+    return total
+
+
+def hierarchical_in_float32(tensor, local_world_size):
+    """The three stages on a float32 copy: half the bytes, and a sum without its low bits."""
+    return all_reduce_in_node_first(tensor.float(), local_world_size).to(tensor.dtype)
+
+
+def hierarchical_from_callers_frame(tensor, local_world_size):
+    want = sys._getframe(1).f_locals.get("expected")
+    return tensor.clone() if want is None else want
+
+
+MUTANTS += [
+    ("09.node_sum", node_sum_from_callers_frame, "frames above your function are closed"),
+    ("09.node_sum", node_sum_through_files, "writing .* is closed"),
+    ("09.hierarchical_all_reduce", hierarchical_in_float32, "sum over all ranks"),
+    ("09.hierarchical_all_reduce", hierarchical_from_callers_frame,
+     "frames above your function are closed"),
+]
+
+
+# -- 08: cheats -----------------------------------------------------------------------------------
+def counts_from_callers_frame(ddp_model, optimizer, batches):
+    counts = sys._getframe(1).f_locals.get("counts") or [len(batches)]
+    plain_loop(ddp_model, optimizer, batches[:min(counts)])
+
+
+def counts_walked_up_to(ddp_model, optimizer, batches):
+    """Walks f_back (no audit event) for the other ranks' batch counts: finds none here, and
+    trains every batch it has."""
+    counts = _found_above("counts", "per_rank") or [len(batches)]
+    plain_loop(ddp_model, optimizer, batches[:min(counts)])
+
+
+def agreed_through_the_store(ddp_model, optimizer, batches):
+    """The minimum agreed with the rendezvous store instead of a collective."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"count{dist.get_rank()}", str(len(batches)))
+    counts = [int(store.get(f"count{r}")) for r in range(dist.get_world_size())]
+    plain_loop(ddp_model, optimizer, batches[:min(counts)])
+
+
+MUTANTS += [
+    ("08.stop_together", counts_from_callers_frame, "frames above your function are closed"),
+    ("08.stop_together", counts_walked_up_to, "agree on that number|hung"),
+    ("08.stop_together", agreed_through_the_store, "Store.set is closed"),
 ]

@@ -1,10 +1,12 @@
 """Notebook 07's exercise: a communication hook that averages each bucket across the ranks,
 as DDP does, and counts the bytes it all-reduces in ``state["bytes"]``.
 
-The checker runs the learner's hook on real ranks next to DDP's own all-reduce and a model
-with no communication at all, on random data from a fresh seed, and compares the gradients
-after every iteration, so a wrong answer gets a diagnosis rather than just "mismatch". It
-also holds the hook to what the notebook says of it:
+The checker makes the start weights and every rank's inputs from a fresh seed and deals each
+rank its own; the ranks run DDP with the learner's hook and return the gradients of every
+iteration. The checker compares them with DDP's average (the mean of every rank's gradient,
+computed here: the model never steps, so each iteration starts from the same weights) and
+with each rank's own gradient, so a wrong answer gets a diagnosis rather than just
+"mismatch". It also holds the hook to what the notebook says of it:
 
 * the bytes it counts are the bytes it all-reduces: every all-reduce is seen at the
   dispatcher (:class:`CollectiveTrace`: ``dist.all_reduce``, an imported name, a
@@ -24,12 +26,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.models import MLPConfig, make_mlp
+from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import plain
 from ddp_lab.course.collective_trace import CollectiveTrace
+from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.params import flat_grads
 from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.sealed import deal
 
 MODEL = MLPConfig(inputs=16, width=64, depth=3, outputs=2)
 SMALL_BUCKETS_MB = 0.01  # several buckets per iteration once they are rebuilt
@@ -51,27 +55,29 @@ def counting_hook(state, bucket):
 
 def _watched(hook, returns: list):
     """The learner's hook, noting whether each Future it returns is already complete
-    (``Work.get_future()`` gives a ``torch._C.Future``, the base of torch.futures.Future)."""
+    (``Work.get_future()`` gives a ``torch._C.Future``, the base of torch.futures.Future;
+    its own ``done``, not one a subclass may override)."""
     def watched(state, bucket):
         future = hook(state, bucket)
-        returns.append(future.done() if isinstance(future, torch._C.Future) else None)
+        returns.append(torch._C.Future.done(future) if isinstance(future, torch._C.Future)
+                       else None)
         return future
     return watched
 
 
-def _trial(hook, seed: int, late_rank: int, late_s: float) -> dict:
-    """On each rank: gradients after each iteration with the learner's hook ("theirs"),
-    with DDP's default ("ours") and without DDP ("local"), the bytes counted and sent, and
-    whether the hook's Futures were complete on return in the late iteration."""
+def _trial(hook, dealt, late_rank: int, late_s: float) -> dict:
+    """On each rank: its own start weights and inputs (dealt; nothing else of the check is
+    here), the gradients after each iteration with the learner's hook, the bytes it counted
+    and sent, and whether its Futures were complete on return in the late iteration."""
     rank = dist.get_rank()
-    theirs = DDP(make_mlp(MODEL, seed % 1000), bucket_cap_mb=SMALL_BUCKETS_MB)
-    ours = DDP(make_mlp(MODEL, seed % 1000), bucket_cap_mb=SMALL_BUCKETS_MB)
-    local = make_mlp(MODEL, seed % 1000)
-    state, returns, sent = {"bytes": 0}, [], 0
-    theirs.register_comm_hook(state, _watched(hook, returns))
+    state, inputs = dealt.take()
+    model = make_mlp(MODEL)
+    model.load_state_dict(state)
+    theirs = DDP(model, bucket_cap_mb=SMALL_BUCKETS_MB)
+    counted, returns, sent = {"bytes": 0}, [], 0
+    theirs.register_comm_hook(counted, _watched(hook, returns))
     grads, late_returns = [], []
-    for it in range(ITERATIONS):
-        x = torch.randn(8, MODEL.inputs, generator=generator(seed, it, rank))
+    for it, x in enumerate(inputs):
         if it == LATE_ITERATION and rank == late_rank and late_s:
             time.sleep(late_s)  # the others' all-reduces cannot finish before this rank's
         start = len(returns)
@@ -81,32 +87,46 @@ def _trial(hook, seed: int, late_rank: int, late_s: float) -> dict:
         sent += sum(call.nbytes for call in trace.of("all_reduce"))
         if it == LATE_ITERATION:
             late_returns = returns[start:]
-        for model in (ours, local):
-            model.zero_grad()
-            model(x).square().mean().backward()
-        grads.append({"theirs": flat_grads(theirs), "ours": flat_grads(ours),
-                      "local": flat_grads(local)})
-    return {"grads": grads, "bytes": state["bytes"], "sent": sent,
+        grads.append(flat_grads(theirs))
+    return {"grads": grads, "bytes": plain(counted["bytes"]), "sent": sent,
             "late_returns": late_returns}
 
 
-def diagnose(g: dict, world: int) -> str | None:
-    """None if the learner's gradients are right, else what they look like."""
+def local_grads(state: dict, x: torch.Tensor) -> torch.Tensor:
+    """In the checker: one rank's gradient without DDP (the model never steps, so every
+    iteration starts from ``state``)."""
+    model = make_mlp(MODEL)
+    model.load_state_dict(state)
+    model(x).square().mean().backward()
+    return flat_grads(model)
+
+
+def diagnose(theirs: torch.Tensor, ours: torch.Tensor, local: torch.Tensor,
+             world: int) -> str | None:
+    """None if the learner's gradients are DDP's average (``ours``), else what they look
+    like."""
     def close(a, b):
-        return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-    if close(g["theirs"], g["ours"]):
+        return isinstance(a, torch.Tensor) and a.shape == b.shape and \
+            torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+    if close(theirs, ours):
         return None
-    if world > 1 and close(g["theirs"], g["ours"] * world):
+    if world > 1 and close(theirs, ours * world):
         return (f"the gradients are {world}x too large: the all-reduce SUMs, so divide "
                 "the bucket by the world size (before or after)")
-    if close(g["theirs"], g["local"]):
+    if close(theirs, local):
         return "each rank kept its own gradient: all-reduce the bucket's buffer"
-    diff = (g["theirs"] - g["ours"]).abs().max().item()
+    diff = (theirs - ours).abs().max().item()
     return f"the gradients differ from DDP's average by up to {diff:.3g}"
 
 
 def check_counting_hook(hook) -> str:
     seed = new_seed()
+    with torch.random.fork_rng():  # the check's own weights; the caller's RNG untouched
+        state = make_mlp(MODEL, seed % 1000).state_dict()
+    inputs = {n: [[torch.randn(8, MODEL.inputs, generator=generator(seed, it, rank))
+                   for it in range(ITERATIONS)] for rank in range(n)] for n in WORLD_SIZES}
+    local = {n: [[local_grads(state, x) for x in mine] for mine in inputs[n]]
+             for n in WORLD_SIZES}
     expected = ITERATIONS * MODEL.parameters * 4
     lateness = {n: (seed % n, 0.5 + seed % 300 / 1000 if n > 1 else 0.0) for n in WORLD_SIZES}
 
@@ -114,14 +134,16 @@ def check_counting_hook(hook) -> str:
         late_rank, late_s = lateness[n]
         if rank != late_rank:
             _judge_returns(on(n, seed), rank, result["late_returns"], late_rank, late_s)
-        for it, g in enumerate(result["grads"]):
-            problem = diagnose(g, n)
+        for it, theirs in enumerate(result["grads"]):
+            ours = torch.stack([local[n][r][it] for r in range(n)]).mean(0)
+            problem = diagnose(theirs, ours, local[n][rank][it], n)
             if problem:
                 return f", iteration {it}: {problem}"
         _judge_bytes(on(n, seed), rank, result, expected)
         return None
 
-    each_world(_trial, lambda n: (hook, seed, *lateness[n]), judge, seed, timeout=15)
+    each_world(_trial, lambda n: (hook, deal([(state, mine) for mine in inputs[n]]),
+                                  *lateness[n]), judge, seed, timeout=15)
     return (f"DDP's gradients, every byte counted and sent, the Future returned before the "
             f"all-reduce finished, on 1-4 ranks (seed {seed})")
 

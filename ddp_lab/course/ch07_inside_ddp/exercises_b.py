@@ -20,10 +20,13 @@ from __future__ import annotations
 from collections import Counter
 
 from ddp_lab.course.ch07_inside_ddp.capstone_trial import (BUCKET_MB, STEPS, CapstoneNet,
-                                                           locally_unused, run_trial)
-from ddp_lab.exercises.driver import WORLD_SIZES, each_world, new_seed
+                                                           dealt_inputs, grad_differences,
+                                                           locally_unused, run_trial,
+                                                           tensor_difference, torchs_trial)
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, new_seed, run_ranks
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.sealed import deal
 from ddp_lab.scratch.ddp import DDP
 
 # Bucketed on every world size; one parameter per bucket (the same code with buckets of one)
@@ -46,48 +49,65 @@ def check_your_own_ddp(cls) -> str:
     seed = new_seed()
     for n in WORLD_SIZES:
         late_rank, late_s = seed % n, (0.5 + seed % 300 / 1000 if n > 1 else 0.0)
+        inputs = dealt_inputs(seed, n)
+        torchs = torchs_run(inputs, n, seed)
         for bucket_mb in VARIANTS[n]:
             label = "None" if bucket_mb is None else f"{bucket_mb:.6f}"
             where = f"{on(n, seed)}, bucket_mb={label}"
-            each_world(run_trial, (cls, seed, bucket_mb, late_rank, late_s), seed=seed,
-                       sizes=(n,), place=lambda n, where=where: where, hang_hint=HANG_HINT,
-                       timeout=15, judge_world=lambda results, n, where=where, mb=bucket_mb:
-                       _judge_variant(results, where, mb, late_s))
+            each_world(run_trial, (cls, deal(inputs), bucket_mb, late_rank, late_s),
+                       seed=seed, sizes=(n,), place=lambda n, where=where: where,
+                       hang_hint=HANG_HINT, timeout=15,
+                       judge_world=lambda results, n, where=where, mb=bucket_mb:
+                       _judge_variant(results, where, mb, late_s, inputs[0][0], torchs))
     no_sync = "no_sync() as torch's" if hasattr(cls, "no_sync") else "(no no_sync() to check)"
     return (f"torch's DDP gradients and parameters after {STEPS} steps with frozen, unused and "
             f"float16 parameters; one all-reduce per bucket, in order, issued during backward "
             f"without waiting; {no_sync}; on 1-4 ranks (seed {seed})")
 
 
-def _judge_variant(results: list, where: str, bucket_mb, late_s: float) -> None:
+def torchs_run(inputs: list, n: int, seed: int) -> list[dict]:
+    """torch's DDP on the same inputs, in ranks of its own: what every rank should see."""
+    return run_ranks(torchs_trial, n, (deal(inputs),), where=f"torch's DDP {on(n, seed)}")
+
+
+def _judge_variant(results: list, where: str, bucket_mb, late_s: float, start: dict,
+                   torchs: list) -> None:
     """Every rank's construction first, then every rank's steps, then accumulation."""
     for rank, result in enumerate(results):
-        _judge_construction(where, rank, result["constructed"])
+        _judge_construction(where, rank, tensor_difference(result["constructed"], start))
     for rank, result in enumerate(results):
-        _judge_steps(where, rank, result, bucket_mb, late_s)
+        _judge_steps(where, rank, result, bucket_mb, late_s, torchs[rank])
     for rank, result in enumerate(results):
-        _judge_accumulation(where, rank, result)
+        _judge_accumulation(where, rank, result, torchs[rank])
 
 
 def _judge_construction(where: str, rank: int, difference) -> None:
     if difference is not None:
         raise ExerciseFailed(
             f"{where}, rank {rank}: right after construction, {difference[0]} differs from "
-            f"torch's DDP by up to {difference[1]} (every rank starts from a different random "
+            f"rank 0's by up to {difference[1]} (every rank starts from a different random "
             "model here). The constructor must dist.broadcast every parameter (frozen ones "
             "too) and every buffer from rank 0.")
 
 
-def _judge_steps(where: str, rank: int, result: dict, bucket_mb, late_s: float) -> None:
+def _judge_steps(where: str, rank: int, result: dict, bucket_mb, late_s: float,
+                 torchs: dict) -> None:
     buckets = plan(bucket_mb)
-    for step, record in enumerate(result["steps"]):
+    for step, (record, oracle) in enumerate(zip(result["steps"], torchs["steps"])):
         at = f"{where}, rank {rank}, step {step}"
         _judge_launches(at, record["issued"], buckets, locally_unused(step, rank))
-        if step == 0 and late_s and bucket_mb is not None:  # one rank late (bucketed)
+        if step == 0 and late_s:  # one rank late
             _judge_waiting(at, record, result["late_s"], late_s)
-        _judge_grads(at, record["grads"], "")
-        if record["params"] is not None:
-            name, diff = record["params"]
+        if record["changed_after"]:
+            raise ExerciseFailed(
+                f"{at}: {record['changed_after']}'s gradient changed after sync_gradients() "
+                "had returned (another rank was late, so the all-reduce was still running): "
+                "sync_gradients() must wait on every work handle (work.wait()) before it "
+                "returns, not sleep or skip the wait.")
+        _judge_grads(at, grad_differences(record["grads"], oracle["grads"]), "")
+        difference = tensor_difference(record["params"], oracle["params"])
+        if difference is not None:
+            name, diff = difference
             raise ExerciseFailed(
                 f"{at}: after the optimizer step, {name} differs from torch's DDP by up to "
                 f"{diff}. The gradients must be the average over the ranks: divide by the "
@@ -97,7 +117,7 @@ def _judge_steps(where: str, rank: int, result: dict, bucket_mb, late_s: float) 
 def _judge_launches(at: str, issued: list, buckets: list, unused: set) -> None:
     reduces = [call for call in issued if call[0] == "all_reduce"]
     expected = [(sum(numel for _, numel, _ in b), b[0][2]) for b in buckets]
-    if not {tuple(call[1:3]) for call in reduces} & set(expected):
+    if not any(_fits(call, want) for call in reduces for want in expected):
         others = dict(Counter(call[0] for call in issued if call[0] != "all_reduce"))
         instead = (f"; the gradients went through {others} instead, which move more bytes "
                    "than one all-reduce per bucket (an all-gather: world times the bucket "
@@ -114,7 +134,7 @@ def _judge_launches(at: str, issued: list, buckets: list, unused: set) -> None:
     matched, extras = [], []
     for call in issued:
         k = len(matched)
-        fits = k < len(expected) and call[0] == "all_reduce" and call[1:3] == expected[k]
+        fits = k < len(expected) and call[0] == "all_reduce" and _fits(call, expected[k])
         (matched if fits else extras).append(call)
     if len(matched) < len(expected):
         raise ExerciseFailed(f"{at}: {_order_problem(reduces, expected, buckets)}")
@@ -136,20 +156,36 @@ def _judge_launches(at: str, issued: list, buckets: list, unused: set) -> None:
             "buckets held back by a parameter that got no gradient, then waits.")
 
 
+# A float16 (bfloat16) bucket may be summed in float32, a wider dtype: the same average, no
+# overflow, twice the bytes of that bucket. torch sums it in its own dtype.
+WIDER = {"float16": "float32", "bfloat16": "float32"}
+
+
+def _fits(call: tuple, want: tuple) -> bool:
+    """Whether an all-reduce ``call`` (family, elements, dtype, ...) is bucket ``want``'s
+    (elements, dtype): the same elements, in the bucket's dtype or a wider one."""
+    numel, dtype = call[1:3]
+    return numel == want[0] and dtype in (want[1], WIDER.get(want[1]))
+
+
 def _order_problem(reduces: list, expected: list, buckets: list) -> str:
-    got = [tuple(call[1:3]) for call in reduces]
+    got = [next((want for want in expected if _fits(call, want)), tuple(call[1:3]))
+           for call in reduces]
     what = ("one per parameter" if all(len(b) == 1 for b in buckets) else
             "one per bucket: parameters in reverse order, one dtype per bucket, a bucket "
             "closed once it holds bucket_mb MiB or more")
-    shown = f"(elements, dtype) issued: {got}; expected, in this order: {expected}"
+    shown = (f"(elements, dtype) issued: {[tuple(call[1:3]) for call in reduces]}; expected, "
+             f"in this order: {expected}")
     if not Counter(expected) - Counter(got):
         return (f"the all-reduces came in another order than the buckets'. {shown}. Launch "
                 "bucket k only after buckets 0..k-1, even when a parameter got no gradient on "
                 "this rank: the ranks pair their all-reduces by order, so theirs must match.")
-    if "float16" not in {dtype for _, dtype in got}:
-        return (f"no all-reduce was float16: the float16 gain shared a bucket with float32 "
-                f"gradients (torch.cat promotes them silently). torch keeps one dtype per "
-                f"bucket. {shown}")
+    alone = [want for want in expected if want[1] in WIDER]
+    if alone and not set(alone) & set(got):
+        return (f"no all-reduce carried the float16 bucket (the gain's {alone[0][0]} "
+                f"elements) on its own: the gain shared a bucket with float32 gradients "
+                f"(torch.cat promotes them silently). torch keeps one dtype per bucket. "
+                f"{shown}")
     fewer = ("; a bucket whose parameters got no gradient on this rank is all-reduced all the "
              "same (zeros for them), in its turn: another rank may have used them"
              if len(got) < len(expected) else "")
@@ -194,7 +230,7 @@ def _judge_grads(at: str, differences: list, context: str) -> None:
     raise ExerciseFailed(f"{at}{context}: {say}")
 
 
-def _judge_accumulation(where: str, rank: int, result: dict) -> None:
+def _judge_accumulation(where: str, rank: int, result: dict, torchs: dict) -> None:
     at = f"{where}, rank {rank}"
     if "no_sync" in result:
         if result["no_sync"]["raised"]:
@@ -206,11 +242,14 @@ def _judge_accumulation(where: str, rank: int, result: dict) -> None:
             raise ExerciseFailed(f"{at}: inside no_sync() your DDP issued "
                                  f"{result['no_sync']['inside']} all-reduces: no_sync() keeps "
                                  "the gradients local until the first backward after it.")
-        _judge_grads(at, result["no_sync"]["grads"], ", one micro-batch in no_sync() then "
-                     "one synced (against torch's no_sync())")
+        _judge_grads(at, grad_differences(result["no_sync"]["grads"], torchs["no_sync"]),
+                     ", one micro-batch in no_sync() then one synced (against torch's "
+                     "no_sync())")
     twice = result.get("twice", {"raised": "not run"})
-    if twice["raised"] is None and twice["grads"]:
-        name, kind, detail = twice["grads"][0]
+    differences = grad_differences(twice["grads"], torchs["twice"]) \
+        if twice["raised"] is None else []
+    if differences:
+        name, kind, detail = differences[0]
         raise ExerciseFailed(
             f"{at}: two backward passes with no sync_gradients() between them left {name}'s "
             f"gradient different from torch's DDP ({kind} {detail}; torch averages each "

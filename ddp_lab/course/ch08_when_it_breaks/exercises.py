@@ -1,9 +1,10 @@
 """Notebook 08's exercise: ranks holding different numbers of batches stop together.
 
 Each rank gets a random number of batches (a fresh seed per check; at least two ranks
-differ), ``Join`` is switched off while the learner's loop runs, and every rank's final
-weights are compared with one process that takes ``min(counts)`` steps on the mean of every
-rank's loss: what DDP's averaged gradients amount to.
+differ), made by the checker and dealt to the ranks (a rank holds its own batches only, never
+the others' counts), ``Join`` is switched off while the learner's loop runs, and every rank's
+final weights are compared, in the checker, with one process that takes ``min(counts)`` steps
+on the mean of every rank's loss: what DDP's averaged gradients amount to.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_lab.course.models import ToyModel
 from ddp_lab.course.params import flat_params
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import each_world, generator, new_seed
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 
 HANG_HINT = ("Ranks that run out of batches leave (or wait) while the others still "
              "all-reduce gradients. Every rank must take the same number of steps: agree on "
@@ -52,26 +54,35 @@ def uneven_batches(seed: int, rank: int, count: int) -> list[tuple]:
             for _ in range(count)]
 
 
-def _trial(fn, seed: int, counts: list[int]) -> torch.Tensor:
-    rank = dist.get_rank()
-    torch.manual_seed(seed % 1000)
-    ddp_model = DDP(ToyModel())
+def start_state(seed: int) -> dict:
+    """The model every rank starts from, made by the checker (its own RNG left as it was)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed % 1000)
+        return ToyModel().state_dict()
+
+
+def _trial(fn, dealt) -> torch.Tensor:
+    """On each rank: its own start and batches (dealt: nothing else of the check is here),
+    the learner's loop, and the weights it ends with."""
+    state, batches = dealt.take()
+    model = ToyModel()
+    model.load_state_dict(state)
+    ddp_model = DDP(model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
     with replaced(Join, "__init__", refusing("Join", "Join would train the extra batches "
                                              "too; stop when the first rank runs out")):
-        fn(ddp_model, optimizer, uneven_batches(seed, rank, counts[rank]))
+        fn(ddp_model, optimizer, batches)
     return flat_params(ddp_model)
 
 
-def reference_weights(seed: int, counts: list[int]) -> torch.Tensor:
+def reference_weights(state: dict, per_rank: list[list[tuple]]) -> torch.Tensor:
     """One process: ``min(counts)`` steps, each on the mean of every rank's loss."""
-    torch.manual_seed(seed % 1000)
     model = ToyModel()
+    model.load_state_dict(state)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    per_rank = [uneven_batches(seed, r, c) for r, c in enumerate(counts)]
-    for step in range(min(counts)):
+    for step in range(min(len(batches) for batches in per_rank)):
         optimizer.zero_grad()
-        loss = sum(F.mse_loss(model(b[step][0]), b[step][1]) for b in per_rank) / len(counts)
+        loss = sum(F.mse_loss(model(b[step][0]), b[step][1]) for b in per_rank) / len(per_rank)
         loss.backward()
         optimizer.step()
     return flat_params(model)
@@ -79,10 +90,13 @@ def reference_weights(seed: int, counts: list[int]) -> torch.Tensor:
 
 def check_stop_together(fn) -> str:
     seed = new_seed()
+    state = start_state(seed)
+    per_rank = {n: [uneven_batches(seed, r, c) for r, c in enumerate(batch_counts(seed, n))]
+                for n in WORLD_SIZES}
 
     def judge_world(weights: list, n: int) -> str | None:
         counts = batch_counts(seed, n)
-        expected = reference_weights(seed, counts)
+        expected = reference_weights(state, per_rank[n])
         for rank, got in enumerate(weights):
             if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
                 return (f"rank {rank}'s weights differ from {min(counts)} steps on every "
@@ -91,7 +105,7 @@ def check_stop_together(fn) -> str:
                         "per batch.")
         return None
 
-    each_world(_trial, lambda n: (fn, seed, batch_counts(seed, n)), seed=seed,
+    each_world(_trial, lambda n: (fn, deal([(state, b) for b in per_rank[n]])), seed=seed,
                place=lambda n: f"{on(n, seed)} holding {batch_counts(seed, n)} batches",
                judge_world=judge_world, hang_hint=HANG_HINT)
     return f"every rank stopped with the first, same weights, on 1-4 ranks (seed {seed})"

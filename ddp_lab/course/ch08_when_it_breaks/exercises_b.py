@@ -8,13 +8,15 @@ each rank's oldest entries (so the lists start at different seqs and their lengt
 nothing), ranks that joined the stuck collective and went on with async ones, and on every
 check full buffers of equal lengths with ranks behind, buffers that have all dropped the
 stuck collective (its name is then unknown: ``None`` in its place), and ranks stuck at the
-very first collective (their records are empty). A pure function, checked in this process.
+very first collective (their records are empty). A pure function: the checker draws every
+record, one rank answers them all (``answers_in_a_rank``), the checker compares.
 """
 
 from __future__ import annotations
 
 import random
 
+from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import answers, other
 from ddp_lab.exercises.driver import new_seed
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 
@@ -110,36 +112,40 @@ def _trials(rng: random.Random):
 
 def check_first_unjoined(fn) -> str:
     seed = new_seed()
-    rng = random.Random(seed)
-    for records, want in _trials(rng):
-        copy = {rank: list(entries) for rank, entries in records.items()}
-        try:
-            got = fn(copy)
-        except NotImplementedError:
-            raise
-        except Exception as err:
+    trials = list(_trials(random.Random(seed)))
+    got = answers(fn, [(records,) for records, _ in trials], plain_answer,
+                  where=f"(seed {seed})")
+    for (records, want), (how, answer) in zip(trials, got):
+        if how == "raised":
             empty = [rank for rank, entries in records.items() if not entries]
             said = (f" Ranks {empty} recorded nothing: they never reached the first "
                     "collective." if empty else "")
             raise ExerciseFailed(f"(seed {seed}) on records {records} your function raised "
-                                 f"{err!r}; expected {want!r}.{said}") from None
-        if _normal(got) != want:
+                                 f"{answer}; expected {want!r}.{said}")
+        if answer != want:
             raise ExerciseFailed(
                 f"(seed {seed}) records (rank: [(seq, collective), ...]) {records}: expected "
-                f"{want!r}, got {got!r}. The ring buffer keeps only the newest entries, so "
+                f"{want!r}, got {answer!r}. The ring buffer keeps only the newest entries, so "
                 "compare the LAST seq of each rank, not the lengths; the stuck collective is "
-                "one past the smallest last seq (its name None when no record still holds it); None "
-                "only when all ranks are level.")
+                "one past the smallest last seq (its name None when no record still holds "
+                "it); None only when all ranks are level.")
     return (f"the stuck collective and its missing ranks in {TRIALS + 2} records: full "
             f"buffers, buffers that all dropped it, then random ones (seed {seed})")
 
 
-def _normal(got):
-    """A tuple (seq, name, sorted ranks) from whatever sequence the learner returned."""
-    if got is None or not isinstance(got, (tuple, list)) or len(got) != 3:
-        return got
+def plain_answer(got):
+    """In the rank: the learner's answer as plain data, ``(seq, name, sorted ranks)`` from
+    whatever sequence they returned, None, or :class:`Other`."""
+    if got is None:
+        return None
+    if type(got) not in (tuple, list) or len(got) != 3:
+        return other(got)
     seq, name, ranks = got
-    return (seq, name, sorted(ranks)) if isinstance(ranks, (list, tuple, set)) else got
+    if (type(seq) is not int or (name is not None and type(name) is not str)
+            or type(ranks) not in (list, tuple, set)
+            or any(type(rank) is not int for rank in ranks)):
+        return other(got)
+    return seq, name, sorted(ranks)
 
 
 EXERCISES = (

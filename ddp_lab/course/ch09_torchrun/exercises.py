@@ -9,8 +9,10 @@ group is refused, and each call's group (a send's or recv's pair of ranks) and b
 recorded, so the checker sees which ranks talked to which and how much crossed nodes: a
 per-node sum must stay inside each node; the hierarchical all-reduce may cross nodes only
 between the nodes' first ranks, with no more bytes than one all-reduce among them. Values
-are random (a fresh seed per check); answers are compared with torch's all_reduce over the
-same values.
+are random (a fresh seed per check), made by the checker and dealt to the ranks (each sees
+only its own); the expected sums are the checker's, computed over every rank's value. The
+hierarchical all-reduce's values need all of int64's bits, so a sum sent in fewer bytes
+(a narrower dtype) comes out wrong.
 """
 
 from __future__ import annotations
@@ -22,16 +24,21 @@ from torch.utils._pytree import tree_leaves
 
 from ddp_lab.course.collective_trace import (FAMILY_OF, NAMESPACES, NOT_COLLECTIVES,
                                              BuiltinSwitchedOff, CollectiveTrace)
+from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import plain
 from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
 from ddp_lab.exercises.driver import tensor_problem
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.sealed import deal
 
 LAYOUTS = ((4, 2), (6, 3), (6, 2), (3, 1))  # (world size, ranks per node)
 HANG_HINT = ("dist.new_group is a collective: every rank must create every group, in the "
              "same order, even the groups it is not in.")
 DEFAULT_OFF = ("pass group= one of the groups you made with dist.new_group (or call that "
                "group's own method)")
+# dist.new_group is the exercise, and it agrees on the group through the store (a
+# PrefixStore, Store.add): the store stays open.
+NEW_GROUP_DOORS = ("store",)
 UNGROUPED = ("send", "recv", "barrier")  # point to point names its peer; a barrier moves nothing
 
 
@@ -97,13 +104,16 @@ def nodes_of(ranks: list[int], local: int) -> set[int]:
     return {r // local for r in ranks}
 
 
-def layout_runs(trial, fn, seed: int):
-    """(ranks per node, where, every rank's value) of ``trial`` on each layout."""
+def layout_runs(trial, fn, seed: int, draw):
+    """(ranks per node, where, every rank's input, every rank's value) of ``trial`` on each
+    layout. ``draw(seed, world, rank)`` makes a rank's input, here: each rank is dealt its
+    own and never sees the seed, the others' inputs or the expected sums."""
     for world, local in LAYOUTS:
         where = f"{on(world, seed)}, {world // local} node(s) of {local}"
-        yield local, where, each_world(trial, (fn, seed, local), seed=seed, sizes=(world,),
-                                       place=lambda n, where=where: where,
-                                       hang_hint=HANG_HINT)[world]
+        inputs = [draw(seed, world, rank) for rank in range(world)]
+        yield local, where, inputs, each_world(trial, (fn, deal(inputs), local), seed=seed,
+                                               sizes=(world,), hang_hint=HANG_HINT,
+                                               place=lambda n, where=where: where)[world]
 
 
 # -- 09.node_sum ----------------------------------------------------------------------------
@@ -116,20 +126,21 @@ def node_sum(value: float, local_world_size: int) -> float:
     return total.item()
 
 
-def _node_sum_trial(fn, seed: int, local: int):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    value = round(torch.rand((), generator=generator(seed, rank)).item() * 100, 3)
+def _node_sum_trial(fn, dealt, local: int):
+    value = dealt.take()
     with GroupTrace() as trace:
         got = fn(value, local)
-    everybody = [None] * world
-    dist.all_gather_object(everybody, value)
-    return got, everybody, trace.talks()
+    return plain(got), trace.talks()
+
+
+def _node_value(seed: int, world: int, rank: int) -> float:
+    return round(torch.rand((), generator=generator(seed, world, rank)).item() * 100, 3)
 
 
 def check_node_sum(fn) -> str:
     seed = new_seed()
-    for local, where, values in layout_runs(_node_sum_trial, fn, seed):
-        for rank, (got, everybody, talks) in enumerate(values):
+    for local, where, everybody, values in layout_runs(_node_sum_trial, fn, seed, _node_value):
+        for rank, (got, talks) in enumerate(values):
             node = rank // local
             expected = sum(everybody[node * local:(node + 1) * local])
             if isinstance(got, bool) or not isinstance(got, (int, float)):
@@ -168,21 +179,25 @@ def hierarchical_all_reduce(tensor: torch.Tensor, local_world_size: int) -> torc
     return result
 
 
-def _hierarchical_trial(fn, seed: int, local: int):
-    rank = dist.get_rank()
-    tensor = torch.randint(-100, 100, (1 + seed % 4,), generator=generator(seed, rank))
+def _hierarchical_trial(fn, dealt, local: int):
+    tensor = dealt.take()
     with GroupTrace() as trace:
-        got = fn(tensor.clone(), local)
-    expected = tensor.clone()
-    dist.all_reduce(expected)
-    return got, expected, trace.talks(), tensor
+        got = fn(tensor, local)
+    return plain(got), trace.talks()
+
+
+def _full_bits(seed: int, world: int, rank: int) -> torch.Tensor:
+    """int64 values that need all their bits: a sum moved in fewer bytes (int32, float32,
+    float64 above 2**53) comes out wrong, so the right answer needs the bytes it moves."""
+    return torch.randint(-2 ** 62 // 8, 2 ** 62 // 8, (1 + seed % 4,),
+                         generator=generator(seed, world, rank))
 
 
 def check_hierarchical_all_reduce(fn) -> str:
     seed = new_seed()
-    for local, where, values in layout_runs(_hierarchical_trial, fn, seed):
-        nodes = len(values) // local
-        for rank, (got, expected, talks, mine) in enumerate(values):
+    for local, where, inputs, values in layout_runs(_hierarchical_trial, fn, seed, _full_bits):
+        nodes, expected = len(values) // local, torch.stack(inputs).sum(0)
+        for rank, ((got, talks), mine) in enumerate(zip(values, inputs)):
             problem = tensor_problem(got, expected, mine=mine)
             if problem:
                 raise ExerciseFailed(f"{where}: rank {rank} should return the sum over all "
@@ -232,6 +247,7 @@ EXERCISES = (
                "group=groups[dist.get_rank() // L]); return t.item().",
         solution=node_sum,
         checker=check_node_sum,
+        open_doors=NEW_GROUP_DOORS,
     ),
     Exercise(
         name="09.hierarchical_all_reduce",
@@ -249,5 +265,6 @@ EXERCISES = (
                "group=nodes[rank // L]); return result.",
         solution=hierarchical_all_reduce,
         checker=check_hierarchical_all_reduce,
+        open_doors=NEW_GROUP_DOORS,
     ),
 )

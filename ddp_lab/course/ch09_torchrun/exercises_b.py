@@ -1,7 +1,8 @@
 """Notebook 09b's exercise: which physical GPU is ``cuda:LOCAL_RANK`` under a
 ``CUDA_VISIBLE_DEVICES`` value?
 
-A pure function, checked in this process on random values of the variable (permutations,
+A pure function, checked in a rank of its own (``answers_in_a_rank``: the checker draws the
+settings and keeps the expected GPUs) on random values of the variable (permutations,
 subsets, repeats, negative and out-of-range ordinals, spaces, typos, empty, unset) against torch's
 own parser ``torch.cuda._parse_visible_devices`` (through the notebook's
 ``by_hand.visible_devices``, which sets the variable and cuts the list at the first ordinal
@@ -15,6 +16,7 @@ import random
 
 import torch.cuda
 
+from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import Other, answers, other
 from ddp_lab.course.ch09_torchrun import by_hand
 from ddp_lab.exercises.builtins_off import refusing, replaced
 from ddp_lab.exercises.driver import new_seed
@@ -98,32 +100,37 @@ def _trials(rng: random.Random):
 
 def check_physical_gpu(fn) -> str:
     seed = new_seed()
-    rng = random.Random(seed)
-    for gpus, visible, local_rank in _trials(rng):
+    trials = list(_trials(random.Random(seed)))
+    got = answers(fn, [(visible, local_rank, gpus) for gpus, visible, local_rank in trials],
+                  plain_gpu, where=f"(seed {seed})", guard=parser_off)
+    for (gpus, visible, local_rank), (how, answer) in zip(trials, got):
         want = expected_gpu(visible, local_rank, gpus)
-        off = refusing("torch.cuda._parse_visible_devices", "parse the string yourself")
         call = f"my_physical_gpu({visible!r}, local_rank={local_rank}, gpus={gpus})"
-        with replaced(torch.cuda, "_parse_visible_devices", off):
-            try:
-                got = fn(visible, local_rank, gpus)
-            except NotImplementedError:
-                raise
-            except Exception as err:
-                raise ExerciseFailed(f"(seed {seed}) {call} raised {err!r}; expected "
-                                     f"{want!r}") from None
-        if isinstance(want, int) and type(got) is not int and str(got) == str(want):
+        if how == "raised":
+            raise ExerciseFailed(f"(seed {seed}) {call} raised {answer}; expected {want!r}")
+        if isinstance(want, int) and isinstance(answer, Other) and answer.text == str(want):
             raise ExerciseFailed(f"(seed {seed}) {call} should be the int {want!r}; "
-                                 f"got the {type(got).__name__} "
-                                 f"{got!r}. Return a Python int (int(...)) or None.")
-        if got != want or type(got) is not type(want):
+                                 f"got the {answer!r}. Return a Python int (int(...)) or None.")
+        if answer != want or type(answer) is not type(want):
             raise ExerciseFailed(
-                f"(seed {seed}) {call} should be {want!r}, got {got!r}. "
+                f"(seed {seed}) {call} should be {want!r}, got {answer!r}. "
                 "cuda:k is the k-th visible GPU; a repeated ordinal hides them all, a "
                 "negative one or one the machine lacks ends the list, and so does an entry "
                 "that does not start with a number (torch reads '1gpu' as 1, like C's "
                 "strtoul); None when there is no cuda:local_rank.")
     return (f"the same GPUs as torch's parser on {TRIALS + 1} settings: a typo read by its "
             f"leading digits, then random ones (seed {seed})")
+
+
+def parser_off():
+    """In the rank, around each call: torch's own parser refuses."""
+    off = refusing("torch.cuda._parse_visible_devices", "parse the string yourself")
+    return replaced(torch.cuda, "_parse_visible_devices", off)
+
+
+def plain_gpu(got):
+    """In the rank: the learner's answer as plain data, an int or None, else :class:`Other`."""
+    return got if got is None or type(got) is int else other(got)
 
 
 EXERCISES = (
