@@ -6,6 +6,7 @@ checks every one with a single parametrized test. Data and functions only, no te
 from __future__ import annotations
 
 import re
+import sys
 
 import torch
 import torch.distributed as dist
@@ -87,8 +88,28 @@ def with_an_explicit_first_block(acc, m, l, scores, v):
         p.sum(-1), l, correction)
 
 
+def works_on_the_scores_in_place(acc, m, l, scores, v):
+    """Right: exp of the shifted scores in the scores' own memory (the check once read the
+    expected maximum after the step, from scores the step had overwritten)."""
+    m_new = torch.maximum(m, scores.amax(-1))
+    p = scores.sub_(m_new[..., None]).exp_()
+    correction = torch.exp(m - m_new)
+    return acc * correction[..., None] + p @ v, m_new, l * correction + p.sum(-1)
+
+
+def reads_m_from_the_callers_frame(acc, m, l, scores, v):
+    """The expected maximum from the checker's frame, if it holds one (the frame is closed,
+    and holds only copies of the step's inputs); with nothing found, the block's maximum."""
+    found = sys._getframe(1).f_locals.get("want_m")
+    m_new = found if isinstance(found, torch.Tensor) else scores.amax(-1)
+    p = torch.exp(scores - m_new[..., None])
+    correction = torch.exp(m - m_new)
+    return acc * correction[..., None] + p @ v, m_new, l * correction + p.sum(-1)
+
+
 RIGHT = [("12.online_softmax", with_imported_torch_names),
-         ("12.online_softmax", with_an_explicit_first_block)]
+         ("12.online_softmax", with_an_explicit_first_block),
+         ("12.online_softmax", works_on_the_scores_in_place)]
 
 
 MUTANTS = [
@@ -103,6 +124,8 @@ MUTANTS = [
     ("12.online_softmax", no_running_max, r"not 0: without it exp\(\) of a score .* overflows"),
     ("12.online_softmax", normalizes_each_block, r"do not normalize inside a step"),
     ("12.online_softmax", block_max_only, r"not this block's maximum alone"),
+    ("12.online_softmax", reads_m_from_the_callers_frame,
+     CLOSED + "|" + r"not this block's maximum alone"),
 ]
 
 

@@ -4,26 +4,28 @@ attention.
 The learner writes ``online_softmax_step(acc, m, l, scores, v)``. The check runs
 ``scratch.ring_attention``'s own ring on 1 to 4 ranks with the learner's step in place of
 the reference, on random shapes, causal and not, and with scores large enough that
-``exp(score)`` overflows float32; it checks each step's ``m`` against the exact running
-maximum, then compares each rank's output rows and each row's normalizer ``m + log(l)``
-with attention over the whole sequence in one process. The scratch
+``exp(score)`` overflows float32; each rank is dealt only its own slice of q, k and v,
+made in the checker's process. It checks each step's ``m`` against the exact running
+maximum (read before the step, which may work on the scores in place), then compares, in
+the checker's process, each rank's output rows and each row's normalizer ``m + log(l)``
+with attention over the whole sequence. The scratch
 step is switched off however it is imported (its code object refuses while the check runs),
 and a step that returns something other than three tensors shaped like (acc, m, l) hears so.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import math
+import types
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_lab.exercises.builtins_off import refused_everywhere, replaced
+from ddp_lab.exercises.builtins_off import refused_everywhere
 from ddp_lab.exercises.driver import each_world, generator, new_seed
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 from ddp_lab.scratch.ring_attention import online_softmax_step
 
 SCALES = (1.0, 40.0)  # 40: scores in the hundreds, exp() overflows without the max
@@ -44,28 +46,30 @@ def _checked(fn):
     """The learner's step, with its return value checked before the ring uses it: a wrong
     type or shape is said plainly, not as an unpacking error deep in the ring."""
     def step(acc, m, l, scores, v):
-        out = fn(acc, m, l, scores, v)
+        # read before a step that works in place; the expected m only after it returns
+        before, block_max = m.clone(), scores.amax(-1)
         shapes = [tuple(t.shape) for t in (acc, m, l)]
+        out = fn(acc, m, l, scores, v)
         if (not isinstance(out, (tuple, list)) or len(out) != 3
                 or not all(isinstance(t, torch.Tensor) for t in out)
                 or [tuple(t.shape) for t in out] != shapes):
             raise TypeError(f"online_softmax_step must return (acc, m, l): three tensors of "
                             f"shapes {shapes}, got {_kind(out)}")
-        want_m = torch.maximum(m, scores.amax(-1))
+        want_m = torch.maximum(before, block_max)
         if not torch.equal(out[1], want_m):
-            raise ValueError(_wrong_maximum(out[1], want_m, scores))
+            raise ValueError(_wrong_maximum(out[1], want_m, block_max))
         return out
     return step
 
 
-def _wrong_maximum(got, want, scores) -> str:
+def _wrong_maximum(got, want, block_max) -> str:
     """What a step's wrong m is, in words: a maximum is exact, so any other m is a mistake
     this says on every seed (not only where it happens to underflow or overflow)."""
     if not got.any():
         how = ", not 0: without it exp() of a score in the hundreds overflows"
     elif not got.ne(got.flatten()[0]).any() and want.ne(want.flatten()[0]).any():
         how = ", not one number for the whole block"
-    elif torch.equal(got, scores.amax(-1)):
+    elif torch.equal(got, block_max):
         how = ", not this block's maximum alone (the old m belongs in it)"
     else:
         how = ""
@@ -85,24 +89,36 @@ def _kind(value) -> str:
     return type(value).__name__
 
 
-def _switched_off_reference(fn):
-    """The scratch step refuses however it is imported, unless it is what is checked."""
-    if fn is online_softmax_step:
-        return contextlib.nullcontext()
-    return refused_everywhere(online_softmax_step, "scratch.ring_attention.online_softmax_step",
-                              "write the step yourself")
-
-
-def _trial(fn, seed: int) -> list:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    ring, results = _ring(), []
-    with replaced(ring, "online_softmax_step", _checked(fn)), _switched_off_reference(fn):
-        for scale in SCALES:
-            for causal in (False, True):
-                q, k, v = (t.chunk(world, dim=-2)[rank] for t in _problem(seed, world, scale))
-                out, lse = ring._forward(q, k, v, causal, None, "contiguous")
-                results.append({"out": out, "lse": lse, "scale": scale, "causal": causal})
+def _trial(fn, dealt) -> list:
+    """The scratch ring on this rank's q, k, v (dealt by the checker's process) with the
+    learner's step in place of the reference's, which refuses however it is imported."""
+    forward, results = _ring_forward_with(_checked(fn)), []
+    with refused_everywhere(online_softmax_step, "scratch.ring_attention.online_softmax_step",
+                            "write the step yourself"):
+        for scale, causal, q, k, v in dealt.take():
+            out, lse = forward(q, k, v, causal, None, "contiguous")
+            results.append({"out": out, "lse": lse, "scale": scale, "causal": causal})
     return results
+
+
+def _ring_forward_with(step):
+    """The scratch ring's forward, calling ``step`` where it calls online_softmax_step: its
+    code with a copy of its module's globals, so that the module stays as it is (the
+    learner's function, unpickled in the rank, may import the step's name from it)."""
+    forward = _ring()._forward
+    return types.FunctionType(forward.__code__, {**forward.__globals__,
+                                                 "online_softmax_step": step},
+                              forward.__name__, forward.__defaults__, forward.__closure__)
+
+
+def _dealt(seed: int, world: int):
+    """Made here, in the checker's process: each rank gets its own slice of q, k and v (the
+    ring brings it the others' k and v), for every trial; cloned, since a view would carry
+    its whole storage, every rank's slice, into the rank."""
+    trials = [(scale, causal, _problem(seed, world, scale)) for scale in SCALES
+              for causal in (False, True)]
+    return deal([[(scale, causal, *(t.chunk(world, dim=-2)[rank].clone() for t in qkv))
+                  for scale, causal, qkv in trials] for rank in range(world)])
 
 
 def _expected(seed: int, world: int, scale: float, causal: bool) -> dict:
@@ -154,7 +170,7 @@ def check_online_softmax(fn) -> str:
                 return f", {kind} attention, scores x{got['scale']:g}: {problem}"
         return None
 
-    each_world(_trial, (fn, seed), judge, seed,
+    each_world(_trial, lambda n: (fn, _dealt(seed, n)), judge, seed,
                hang_hint="The step computes on this rank only: no collective in it.")
     return (f"ring attention with your step equals attention over the whole sequence on 1 to 4 "
             f"ranks, causal and not, with scores that overflow exp() (seed {seed})")
