@@ -364,6 +364,25 @@ def every_rank_its_key(store, world_size, name):
     store.wait([f"{name}/in/{i}" for i in range(1, world_size + 1)])
 
 
+def sleeps_what_the_frames_say(store, world_size, name):
+    """Waits as long as the checker's frames above say the late rank is late."""
+    frame, longest = sys._getframe(0).f_back, 0.0
+    while frame is not None:
+        for local in frame.f_locals.values():
+            if isinstance(local, float) and 0.1 < local < 2.0:
+                longest = max(longest, local)
+        frame = frame.f_back
+    sleep(longest)
+
+
+def barrier_of_files(store, world_size, name):
+    folder = os.path.join(tempfile.gettempdir(), f"barrier-{os.getppid()}-{name}")
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(dist.get_rank())), "w").close()
+    while len(os.listdir(folder)) < world_size:
+        sleep(0.01)
+
+
 # -- 01.rank_ordered_print -----------------------------------------------------------------
 def plain_print(line):
     print(line)
@@ -419,6 +438,27 @@ def passing_a_token(line):
         dist.send(token, rank + 1)
 
 
+def turns_taken_in_the_store(line):
+    store = distributed_c10d._get_default_store()
+    rank = dist.get_rank()
+    if rank > 0:
+        store.wait([f"printed/{rank - 1}"])
+    print(line, flush=True)
+    store.set(f"printed/{rank}", "1")
+
+
+def sleeps_what_the_stream_says(line):
+    """Waits as long as the slowest delay the frames above hold, then prints."""
+    frame, longest = sys._getframe(0).f_back, 0.0
+    while frame is not None:
+        for local in frame.f_locals.values():
+            if isinstance(local, float) and 0.1 < local < 2.0:
+                longest = max(longest, local)
+        frame = frame.f_back
+    sleep(longest * dist.get_rank())
+    print(line, flush=True)
+
+
 MUTANTS = [
     ("00.max_over_ranks", closed_form, "expected the largest"),
     ("00.max_over_ranks", own_value, "own value"),
@@ -458,11 +498,17 @@ MUTANTS = [
     ("01.store_barrier", torch_barrier, "switched off .*store alone"),
     ("01.store_barrier", group_barrier, "switched off in this exercise, in every form"),
     ("01.store_barrier", functional_all_reduce_barrier, "all_reduce is switched off"),
+    ("01.store_barrier", sleeps_what_the_frames_say,
+     "frames above your function|left before it arrived|fixed (wait|time)"),
+    ("01.store_barrier", barrier_of_files, "is closed in this exercise: data moved through"),
     ("01.rank_ordered_print", plain_print, "came out as"),
     ("01.rank_ordered_print", sleep_then_print, "fixed (wait|time)"),
     ("01.rank_ordered_print", barrier_then_event_wait, "fixed (wait|time)"),
     ("01.rank_ordered_print", reversed_turns, "only once every lower rank"),
     ("01.rank_ordered_print", rank0_prints_everything, "prints its own line"),
+    ("01.rank_ordered_print", turns_taken_in_the_store, r"Store\.\w+ is closed"),
+    ("01.rank_ordered_print", sleeps_what_the_stream_says,
+     "frames above your function|came out as|only once every lower rank|fixed (wait|time)"),
 ]
 
 RIGHT = [

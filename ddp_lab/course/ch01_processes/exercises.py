@@ -10,12 +10,15 @@ line before it came out. One trial in each check is late by more than ``SOON_S``
 three or more ranks, so a sleep of any fixed length (``time.sleep``, an imported ``sleep``,
 ``threading.Event().wait``) leaves too early there or too late everywhere. Nothing is
 patched but the collectives (switched off at the dispatcher in the barrier, where the store
-is the exercise) and the output streams (to see when each line comes out).
+is the exercise and its one open door) and the output streams (to see when each line comes
+out). The lateness plan is the checker's: each rank is handed only its own delays
+(:func:`~ddp_lab.exercises.sealed.deal`), its own line, and no seed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import sys
 import time
 
@@ -27,6 +30,7 @@ from ddp_lab.course.ch01_processes.processes import StampedStdout
 from ddp_lab.exercises.builtins_off import COLLECTIVES, switched_off
 from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 
 # How soon after the awaited event a rank must go on: a wakeup takes milliseconds, and a
 # machine with ten times more processes than cores still makes it in well under this.
@@ -57,6 +61,11 @@ def lateness_plan(seed: int, trials: list) -> dict:
     return plan
 
 
+def _prefix() -> str:
+    """Keys of one trial's own in the store, named by no seed."""
+    return secrets.token_hex(8)
+
+
 def _pick(seed: int, n: int, *salt: int) -> int:
     return int(torch.randint(0, n, (1,), generator=generator(seed, n, *salt)))
 
@@ -70,16 +79,16 @@ def store_barrier(store, world_size: int, name: str) -> None:
     store.wait([f"{name}/go"])
 
 
-def _barrier_trial(barrier, seed: int, rounds: list) -> list:
-    """Each round: line up (torch's barrier), the late rank sleeps, everybody calls the
-    learner's barrier; (arrived, left) per round, in wall-clock seconds."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    theirs = _store(f"ex01b/{seed}/yours")
+def _barrier_trial(barrier, prefix: str, dealt) -> list:
+    """Each round: line up (torch's barrier), this rank sleeps its delay (0 but on the late
+    rank), everybody calls the learner's barrier; (arrived, left) per round, in wall-clock
+    seconds."""
+    world = dist.get_world_size()
+    theirs = _store(f"ex01b/{prefix}/yours")
     seen = []
-    for r, (late, lateness) in enumerate(rounds):
+    for r, delay in enumerate(dealt.take()):
         dist.barrier()
-        if rank == late:
-            time.sleep(lateness)
+        time.sleep(delay)
         arrived = time.time()
         with switched_off(STORE_ONLY, "build the barrier from the store alone"):
             barrier(theirs, world, f"barrier{r}")
@@ -100,7 +109,9 @@ def check_store_barrier(fn, rounds: int = 2) -> str:
                 return f", barrier {r}: {problem}"
         return None
 
-    each_world(_barrier_trial, lambda n: (fn, seed, late[n]), seed=seed,
+    delays = {n: [[lateness if rank == late_rank else 0.0 for late_rank, lateness in late[n]]
+                  for rank in range(n)] for n in WORLD_SIZES}
+    each_world(_barrier_trial, lambda n: (fn, _prefix(), deal(delays[n])), seed=seed,
                judge_world=judge_world,
                hang_hint="A rank waited for a key nobody set: does the last rank to arrive "
                          "set the key the others wait for, and does each barrier use keys of "
@@ -141,14 +152,15 @@ def print_in_rank_order(line: str) -> None:
         dist.barrier()
 
 
-class SlowTicketedStdout(StampedStdout):
-    """An output stream whose every line takes ``delay`` seconds to come out, then a ticket
-    from the store (the order lines came out in, over all ranks). Notes, per line, when the
-    rank began writing it and when it came out."""
+class SlowStampedStdout(StampedStdout):
+    """An output stream whose every line takes ``delay`` seconds to come out. Notes, per
+    line, when the rank began writing it and when it came out (wall-clock seconds, one clock
+    for every rank of the machine: the order the lines came out in). It needs no store,
+    which stays closed while the learner's function runs."""
 
-    def __init__(self, target, store, delay: float):
+    def __init__(self, target, delay: float):
         super().__init__(target)
-        self.store, self.delay, self.began = store, delay, None
+        self.delay, self.began = delay, None
 
     def write(self, text: str) -> int:
         if self.began is None and text:
@@ -156,23 +168,34 @@ class SlowTicketedStdout(StampedStdout):
         *complete, self.partial = (self.partial + text).split("\n")
         for line in complete:
             time.sleep(self.delay)
-            ticket = self.store.add("tickets", 1)
             self.target.write(line + "\n")
-            self.lines.append((ticket, self.began, time.time(), line))
+            self.lines.append((self.began, time.time(), line))
             self.began = time.time() if self.partial else None
         return len(text)
 
 
-def _print_trial(fn, seed: int, slow_rank: int, lateness: float):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    store = _store(f"ex01p/{seed}/{world}")
-    delay = lateness if rank == slow_rank else 0.0
-    out, err = (SlowTicketedStdout(s, store, delay) for s in (sys.stdout, sys.stderr))
+def _print_trial(fn, dealt):
+    """This rank's line printed by the learner's function through a stream that is slow by
+    this rank's delay (0 but on the slow rank)."""
+    line, delay = dealt.take()
+    out, err = (SlowStampedStdout(s, delay) for s in (sys.stdout, sys.stderr))
     dist.barrier()
     started = time.time()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        fn(f"rank {rank} says {seed % 1000 + rank}")
+        fn(line)
     return started, out.lines + err.lines
+
+
+def _lines(seed: int, n: int) -> list[str]:
+    """Each rank's line: a number drawn from the seed, not the seed."""
+    said = int(torch.randint(100, 1000, (1,), generator=generator(seed, 13)))
+    return [f"rank {r} says {said + r}" for r in range(n)]
+
+
+def _lines_and_delays(seed: int, n: int, slow: int, lateness: float):
+    """Each rank's line and its stream's delay, dealt: only the slow rank's is not 0."""
+    lines = _lines(seed, n)
+    return deal([(line, lateness if r == slow else 0.0) for r, line in enumerate(lines)])
 
 
 def check_rank_ordered_print(fn) -> str:
@@ -180,9 +203,9 @@ def check_rank_ordered_print(fn) -> str:
     plan = lateness_plan(seed, [(n,) for n in WORLD_SIZES if n > 1])
     slow = {n: (_pick(seed, n - 1, 9), plan[(n,)]) if n > 1 else (-1, 0.0)
             for n in WORLD_SIZES}
-    each_world(_print_trial, lambda n: (fn, seed, *slow[n]), seed=seed,
-               judge_world=lambda results, n: _print_problem(
-                   results, [f"rank {r} says {seed % 1000 + r}" for r in range(n)], *slow[n]),
+    each_world(_print_trial, lambda n: (fn, _lines_and_delays(seed, n, *slow[n])), seed=seed,
+               judge_world=lambda results, n: _print_problem(results, _lines(seed, n),
+                                                             *slow[n]),
                hang_hint="Does every rank make the same collective calls, the same number of "
                          "times?")
     return (f"the lines came out in rank order, each soon after the one before, with a random "
@@ -190,8 +213,8 @@ def check_rank_ordered_print(fn) -> str:
 
 
 def _print_problem(results: list, expected: list, slow: int, lateness: float) -> str | None:
-    lines = sorted((ticket, began, out, rank, text) for rank, (_, printed) in enumerate(results)
-                   for ticket, began, out, text in printed if text in expected)
+    lines = sorted((out, began, rank, text) for rank, (_, printed) in enumerate(results)
+                   for began, out, text in printed if text in expected)
     texts = [text for *_, text in lines]
     held = (f" Rank {slow}'s print was slow on purpose (its line took {lateness:g} s to come "
             "out, a random time, as on a busy terminal)." if slow >= 0 else "")
@@ -200,12 +223,12 @@ def _print_problem(results: list, expected: list, slow: int, lateness: float) ->
                 "print its line exactly once, and only once every lower rank's line is out: "
                 "make each rank wait for the one before it; a fixed wait cannot know how long "
                 "a print takes.")
-    for _, _, _, rank, text in lines:
+    for _, _, rank, text in lines:
         if text != expected[rank]:
             return (f"rank {rank} printed {text!r}: every rank prints its own line (it "
                     "is handed to each rank), none prints the others'.")
     previous_out = float("-inf")
-    for r, (_, began, out, _, _) in enumerate(lines):
+    for r, (out, began, _, _) in enumerate(lines):
         waited = began - max(results[r][0], previous_out)
         if waited > SOON_S:
             return (f"rank {r} began its line {waited:.2f} s after it could have (after "
@@ -230,6 +253,7 @@ EXERCISES = (
                "(that one too) calls store.wait([f'{name}/go']) and returns.",
         solution=store_barrier,
         checker=check_store_barrier,
+        open_doors=("store",),
     ),
     Exercise(
         name="01.rank_ordered_print",
