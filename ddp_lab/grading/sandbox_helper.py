@@ -37,6 +37,7 @@ import sandbox_mounts  # noqa: E402
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x20000, 0x08000000, 0x10000000  # <sched.h>
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC
+SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING = 250, 1  # x86_64 <asm/unistd_64.h>, <linux/keyctl.h>
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38  # <linux/prctl.h>
 WATCH_S = 0.25  # how often init counts the command's processes
 
@@ -165,6 +166,7 @@ def init_main(orders: dict, lifeline: int) -> int:
                              {path: kept[path] for path in orders["needed"]})
         namespaces.loopback_up()
         namespaces.name_loopback()
+        leave_session_keyring()
     except (OSError, namespaces.NamespaceRefused) as exc:
         _tell(status, {"error": f"the sandbox could not be built: {exc}"})
         return 1
@@ -173,6 +175,15 @@ def init_main(orders: dict, lifeline: int) -> int:
         run_command(orders)  # never returns
     _tell(status, supervise(command, orders["max_processes"]))
     return 0
+
+
+def leave_session_keyring() -> None:
+    """A new, empty session keyring: the caller's is inherited, and whoever holds a
+    keyring may read the keys in it whatever its uid (keyrings(7), "possession"). Best
+    effort: where the syscall is refused (a container's seccomp), there is none to leave
+    either."""
+    if os.uname().machine == "x86_64":
+        _libc.syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, None)
 
 
 def run_command(orders: dict) -> None:

@@ -24,7 +24,9 @@ MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 18, 1 << 21, 1 << 24
 KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                 "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME,
                 "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
-FRESH = ("/tmp", "/dev/shm")  # empty tmpfs mounts of the sandbox's own
+FRESH = ("/tmp", "/dev/shm", "/run")  # empty tmpfs mounts of the sandbox's own
+# /run holds the machine's Unix sockets (D-Bus, systemd's user managers, Docker's): a
+# read-only mount does not stop a connect(), and a service behind one may act for us.
 PARENT_SIZE = "1m"  # the tmpfs that hides the folder's parent holds only a folder name
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -50,6 +52,9 @@ def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int]) ->
     for place in FRESH:
         if os.path.isdir(place):
             tmpfs(place, f"size={scratch_bytes},mode=1777")
+    if os.path.isdir("/dev/pts"):  # the machine's terminals, the grader's among them
+        mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=620")
     for path, descriptor in needed.items():
         if not os.access(path, os.R_OK | os.X_OK):
             expose(path, descriptor)
@@ -69,7 +74,8 @@ def expose(path: str, kept: int) -> None:
     tmpfs(blocked, "size=1m,mode=755")
     os.makedirs(path, exist_ok=True)
     mount(f"/proc/self/fd/{kept}", path, None, MS_BIND | MS_REC)
-    mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    read_only(path)
+    read_only(blocked)
 
 
 def _ancestors(path: str) -> list[str]:
@@ -90,10 +96,17 @@ def put_back(folder: str, kept: int) -> None:
     os.makedirs(folder, exist_ok=True)
     mount(f"/proc/self/fd/{kept}", folder, None, MS_BIND | MS_REC)
     mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+    if not fresh:
+        read_only(parent)  # the tmpfs that hides the neighbours is no scratch space
 
 
 def tmpfs(place: str, options: str) -> None:
     mount("tmpfs", place, "tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
+def read_only(place: str) -> None:
+    """The mount at ``place`` made read-only (the mounts on top of it keep their own)."""
+    mount(None, place, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def mount(source: str | None, target: str, kind: str | None, flags: int,

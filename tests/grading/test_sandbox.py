@@ -9,6 +9,7 @@ Unix user (root creates and removes it), so that both shapes are proven: root's 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -161,3 +162,274 @@ time.sleep(600)
     assert done.stdout.endswith("\nstarted\n")
     assert time.monotonic() - start < 15
     assert_namespaces_gone(namespaces_in(done.stdout))
+
+
+def test_a_fork_bomb_fails_to_fork_and_is_stopped(folders):
+    mine, _ = folders
+    start = time.monotonic()
+    done = python(SAY_NAMESPACES + """
+import json
+import os
+failed = 0
+while True:
+    try:
+        os.fork()
+    except OSError:
+        failed += 1
+        if failed == 1:
+            print('fork refused', flush=True)
+""", mine, max_processes=32, wall_s=60.0)
+    assert not done.timed_out and done.returncode == -signal.SIGKILL, done
+    assert done.reason == "tried to start more than 32 processes (threads count)"
+    assert "fork refused" in done.stdout
+    assert time.monotonic() - start < 20
+    assert_namespaces_gone(namespaces_in(done.stdout))
+
+
+def test_memory_past_the_budget_is_refused(folders):
+    mine, _ = folders
+    done = python("block = bytearray(3 << 30)", mine, memory_bytes=1 * GIB)
+    assert done.returncode == 1 and "MemoryError" in done.stderr, done
+    assert done.reason == "ran out of memory (1 GiB per process)"
+
+
+def test_an_output_flood_is_bounded(folders):
+    mine, _ = folders
+    done = python("""
+        import os
+        os.write(1, b'first line\\n')
+        chunk = b'x' * (1 << 20)
+        for _ in range(64):
+            os.write(1, chunk)
+        os.write(1, b'\\nlast line\\n')
+        """, mine)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout) < (1 << 20) + 1000
+    assert done.stdout.startswith("first line\n") and done.stdout.endswith("last line\n")
+    written = len("first line\n") + (64 << 20) + len("\nlast line\n")
+    assert f"[sandbox: {written - (1 << 20)} bytes (63.0 MB) dropped here" in done.stdout
+
+
+def test_its_mounts_stay_locked_in_namespaces_it_makes(folders):
+    """Code in the sandbox may make a user namespace of its own (ddp_lab.run does),
+    where it holds every capability; the sandbox's mounts come into it locked, so it
+    cannot make the package writable, nor lift the tmpfs that hides its neighbours."""
+    mine, _ = folders
+    package = str(Path(__file__).resolve().parents[2])
+    done = python(f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        uid, gid = os.getuid(), os.getgid()
+        assert libc.unshare(0x10000000 | 0x20000) == 0, 'unshare'
+        for name, text in (('setgroups', 'deny'), ('uid_map', f'0 {{uid}} 1'),
+                           ('gid_map', f'0 {{gid}} 1')):
+            with open(f'/proc/self/{{name}}', 'w') as file:
+                file.write(text)
+        def attempt(what, result):
+            print(what, 'worked' if result == 0 else os.strerror(ctypes.get_errno()))
+        attempt('remount', libc.mount(None, {package!r}.encode(), None, 32 | 4096, None))
+        attempt('umount', libc.umount2(os.path.dirname(os.getcwd()).encode(), 2))
+        print(sorted(os.listdir('..')))
+        try:
+            open({package!r} + '/ddp-lab-probe', 'w')
+            print('wrote the package')
+        except OSError as exc:
+            print('write refused', exc.errno)
+        """, mine)
+    assert done.returncode == 0, done.stderr
+    assert "worked" not in done.stdout and "wrote" not in done.stdout, done.stdout
+    assert "['mine']" in done.stdout
+
+
+def test_two_sandboxes_cannot_reach_each_other(tmp_path):
+    """Two submissions graded at once, both as the same user: the second finds none of
+    the first's processes, files, shared memory or ports."""
+    import threading
+    first, second = tmp_path / "a" / "first", tmp_path / "b" / "second"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    results = {}
+    holder = threading.Thread(target=lambda: results.update(first=python("""
+        import os, pathlib, socket, time
+        server = socket.create_server(('127.0.0.1', 0))
+        pathlib.Path('/tmp/first-secret').write_text('x')
+        pathlib.Path('/dev/shm/ddp-lab-sandbox-first').write_text('x')
+        pathlib.Path('port').write_text(str(server.getsockname()[1]))
+        while not pathlib.Path('done').exists():
+            time.sleep(0.05)
+        """, first)))
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (first / "port").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = int((first / "port").read_text())
+        seen = python(f"""
+            import os, socket
+            print(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')))
+            print(sorted(n for n in os.listdir('/proc') if n.isdigit()))
+            try:
+                socket.create_connection(('127.0.0.1', {port}), timeout=2)
+                print('connected')
+            except OSError as exc:
+                print('refused', exc.errno)
+            print(os.path.exists({str(first)!r}))
+            """, second)
+    finally:
+        (first / "done").write_text("")
+        holder.join(60)
+    assert results["first"].returncode == 0, results["first"].stderr
+    tmp_listing, pids, connection, reached = seen.stdout.splitlines()
+    assert "first-secret" not in tmp_listing and "ddp-lab-sandbox-first" not in tmp_listing
+    assert pids == "['1', '2']", pids  # init and the command itself
+    assert connection.startswith("refused") and reached == "False", seen.stdout
+
+
+def test_a_folder_the_sandbox_cannot_hide_around_is_refused(tmp_path):
+    package_home = Path(__file__).resolve().parents[2]
+    for folder, said in ((Path("/tmp"), "that is the root"),
+                         (package_home / "ddp_lab", "which the command needs")):
+        with pytest.raises(ValueError, match=said):
+            run_sandboxed(["true"], folder, **BUDGET)
+    with pytest.raises(ValueError, match="is not a folder"):
+        (tmp_path / "file").write_text("")
+        run_sandboxed(["true"], tmp_path / "file", **BUDGET)
+
+
+# -- the caller interrupted ---------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+HOLDER = ("import os, time\n"
+          "names = [os.readlink(f'/proc/self/ns/{kind}') for kind in "
+          f"{NAMESPACE_KINDS!r}]\n"
+          "open('ns.tmp', 'w').write(' '.join(names))\n"
+          "os.rename('ns.tmp', 'ns')\n"
+          "time.sleep(600)\n")
+CALLER = ("import sys\nfrom pathlib import Path\n"
+          "from ddp_lab.grading.sandbox import run_sandboxed\n"
+          "run_sandboxed([sys.executable, '-c', sys.argv[2]], Path(sys.argv[1]), wall_s=300,"
+          " memory_bytes=2 << 30, max_processes=64)\n")
+
+
+def wait_for(path: Path, seconds: float = 60.0) -> str:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupted_grader_leaves_nothing(folders, signum):
+    """The grader stopped while a submission runs (Ctrl-C, SIGTERM, or killed outright):
+    every process of the sandbox, and its namespaces, go with it."""
+    mine, _ = folders
+    caller = subprocess.Popen([PYTHON, "-c", CALLER, str(mine), HOLDER], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        names = set(wait_for(mine / "ns").split())
+        sandbox = psutil.Process(caller.pid).children(recursive=True)
+        assert len(sandbox) >= 3  # the helper, init, the command
+        caller.send_signal(signum)
+        caller.wait(30)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+        caller.stdout.close()
+        caller.stderr.close()
+    gone, alive = psutil.wait_procs(sandbox, timeout=10)
+    assert not alive, f"the sandbox outlived its caller: {alive}"
+    assert_namespaces_gone(names)
+
+
+# -- as an unprivileged user --------------------------------------------------------------
+SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's Python lives where another user cannot go
+SHIM = ("import json, sys, types\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "for name in ('ddp_lab', 'ddp_lab.grading'):  # their __init__ needs torch\n"
+        "    module = types.ModuleType(name)\n"
+        f"    module.__path__ = [{str(REPO)!r} + '/' + name.replace('.', '/')]\n"
+        "    sys.modules[name] = module\n"
+        "from pathlib import Path\n"
+        "from ddp_lab.grading.sandbox import run_sandboxed\n"
+        "done = run_sandboxed([sys.executable, '-c', sys.argv[2]], Path(sys.argv[1]), "
+        "wall_s=60, memory_bytes=1 << 30, max_processes=16)\n"
+        "print(json.dumps(done.__dict__))\n")
+ATTACK = f"""
+import json, os
+report = {{'uid': os.getuid(), 'neighbours': sorted(os.listdir('..'))}}
+for path in ('../beside.txt', '{{OUTSIDE}}', {str(REPO / 'README.md')!r}):
+    try:
+        open(path, 'a').close()
+        report[path] = 'written'
+    except OSError as exc:
+        report[path] = exc.errno
+report['bomb'] = 0
+try:
+    for _ in range(64):
+        if os.fork() == 0:
+            import time; time.sleep(30); os._exit(0)
+        report['bomb'] += 1
+except OSError:
+    pass
+print(json.dumps(report), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    """A throwaway Unix user (root creates it here and always removes it)."""
+    import pwd
+    import secrets
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("useradd") or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("needs root, useradd/userdel and /usr/bin/python3 for a throwaway user")
+    name = f"ddplab-sandbox-{secrets.token_hex(4)}"
+    try:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        "--user-group", name], check=True, capture_output=True, timeout=60)
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def their_folder(other_user):
+    """A folder of the other user's (pytest's own are under root's 0700 folder), outside
+    /tmp (which the sandbox replaces with its own)."""
+    import shutil
+    import tempfile
+    folder = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-test-", dir="/var/tmp"))
+    os.chown(folder, other_user.pw_uid, other_user.pw_gid)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_an_unprivileged_grader_sandboxes_as_itself(their_folder, other_user):
+    """Run by a user who is not root, the sandbox runs the command as that user, with
+    the same walls: its own files outside the folder are read-only to it, the package
+    too, the neighbours hidden, and its processes bounded."""
+    uid, gid = other_user.pw_uid, other_user.pw_gid
+    base = their_folder / "class"
+    (base / "mine").mkdir(parents=True)
+    outside = their_folder / "outside.txt"
+    outside.write_text("the user's own file, outside the folder")
+    for path in (base, base / "mine", outside):
+        os.chown(path, uid, gid)
+    attack = ATTACK.replace("{OUTSIDE}", str(outside))
+    done = subprocess.run([SYSTEM_PYTHON, "-I", "-c", SHIM, str(base / "mine"), attack],
+                          user=uid, group=gid, extra_groups=[], cwd="/",
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=120)
+    if "unshare" in done.stderr and "refuses" in done.stderr:
+        pytest.skip(f"no unprivileged user namespaces here: {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    report = json.loads(result["stdout"])
+    assert report["uid"] == uid and report["neighbours"] == ["mine"], report
+    # EROFS (read-only file system) where the user may write, EACCES where it never could
+    assert (report["../beside.txt"], report[str(outside)]) == (30, 30), report
+    assert report[str(REPO / "README.md")] in (13, 30), report
+    assert 10 <= report["bomb"] < 16, report  # its own processes: at most 16, init's aside
+    assert outside.read_text().startswith("the user's own file")
