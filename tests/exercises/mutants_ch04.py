@@ -5,6 +5,16 @@ checks every one with a single parametrized test. Data and functions only, no te
 
 from __future__ import annotations
 
+import inspect
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
@@ -12,7 +22,6 @@ from torch.distributed import (all_reduce, broadcast, irecv, isend, recv, reduce
                                reduce_scatter_tensor, send)
 from torch.distributed.distributed_c10d import _get_default_group
 
-from ddp_lab.course.ch04_allreduce import exercises as ch04
 
 # -- 04 --------------------------------------------------------------------------------------
 def whole_tensor_to_everyone(tensor):
@@ -35,7 +44,7 @@ def builtin_reduce(tensor):
 
 def ring_wrong_chunk(tensor):
     rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = [c.clone() for c in tensor.chunk(world)]
+    chunks = [piece.clone() for piece in tensor.chunk(world)]
     for step in range(world - 1):  # unshifted: rank r ends with chunk r + 1
         outgoing, into = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
         incoming = torch.empty_like(into)
@@ -73,8 +82,21 @@ def builtin_broadcast(tensor, src):
     return data
 
 
+def _binomial_tree(data, src):
+    """The reference's binomial tree, written out (the reference itself refuses in a check)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    relative, mask = (rank - src) % world, 1
+    while mask < world:
+        if relative < mask and relative + mask < world:
+            send(data, (relative + mask + src) % world)
+        elif mask <= relative < 2 * mask:
+            recv(data, (relative - mask + src) % world)
+        mask *= 2
+    return data
+
+
 def tree_rooted_at_zero(tensor, src):
-    return ch04.tree_broadcast(tensor, 0)
+    return _binomial_tree(tensor.clone(), 0)
 
 
 # -- 04: the switched-off built-ins in every form -------------------------------------------
@@ -94,7 +116,7 @@ def imported_reduce_scatter_old_name(tensor):
 def own_chunk_unsummed(tensor):
     """The ring's bytes sent, but the partial sums received are dropped."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = [c.clone() for c in tensor.chunk(world)]
+    chunks = [piece.clone() for piece in tensor.chunk(world)]
     for step in range(world - 1):
         incoming = torch.empty_like(chunks[(rank - step - 2) % world])
         for request in (isend(chunks[(rank - step - 1) % world], (rank + 1) % world),
@@ -173,7 +195,7 @@ def downcast_whole_tensor(tensor):
 
 def downcast_ring(tensor):
     """The ring, on int16 chunks: a quarter of the bytes, and most of the values lost."""
-    return ch04.ring_reduce_scatter(tensor.to(torch.int16)).to(tensor.dtype)
+    return ring_with_blocking_calls(tensor.to(torch.int16)).to(tensor.dtype)
 
 
 def process_group_broadcast(tensor, src):
@@ -206,7 +228,7 @@ def root_isends_to_all(tensor, src):
 # -- 04: mismatched buffers (gloo aborts or misreads without a word) ------------------------------
 def _ring_receiving_into(tensor, buffer_like):
     rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = [c.clone() for c in tensor.chunk(world)]
+    chunks = [piece.clone() for piece in tensor.chunk(world)]
     for step in range(world - 1):
         outgoing, into = chunks[(rank - step - 1) % world], chunks[(rank - step - 2) % world]
         incoming = buffer_like(into)
@@ -227,7 +249,7 @@ def recv_buffer_float64(tensor):
 
 
 def tree_into_float64(tensor, src):
-    data = ch04.tree_broadcast(tensor.double() if dist.get_rank() != src else tensor, src)
+    data = _binomial_tree(tensor.double() if dist.get_rank() != src else tensor.clone(), src)
     return data.to(tensor.dtype)
 
 
@@ -243,11 +265,142 @@ def through_the_store(tensor):
     return total.chunk(world)[rank]
 
 
+# -- 04: cheats a grade must stop ----------------------------------------------------------------
+def reads_callers_frames(tensor):
+    """Looks for the inputs or the seed in the checker's frame, to rebuild the sums."""
+    caller = sys._getframe(1).f_locals
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if "inputs" in caller:
+        return sum(caller["inputs"][world]).chunk(world)[rank]
+    return tensor.chunk(world)[rank]
+
+
+def walks_f_back(tensor):
+    """Plain f_back from its own frame (no sys._getframe(1)): finds its own input only."""
+    frame, rank, world = inspect.currentframe(), dist.get_rank(), dist.get_world_size()
+    while frame is not None:
+        dealt = frame.f_locals.get("dealt")
+        if dealt is not None and getattr(dealt, "items", None):
+            inputs = [pickle.loads(bytes(item)) for item in dealt.items]
+            return sum(inputs).chunk(world)[rank]
+        frame = frame.f_back
+    return tensor.chunk(world)[rank]
+
+
+def ring_of_garbage(tensor):
+    """The ring's bytes exactly, of zeros: the cost is right and the sums are not."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunk = tensor.chunk(world)[rank].clone()
+    for _ in range(world - 1):
+        incoming = torch.empty_like(chunk)
+        for request in (isend(torch.zeros_like(chunk), (rank + 1) % world),
+                        irecv(incoming, (rank - 1) % world)):
+            request.wait()
+    return chunk + incoming if world > 1 else chunk
+
+
+def half_chunks_ring(tensor):
+    """The ring on half of every chunk: half the bytes, half the sums missing."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = [piece.clone() for piece in tensor.chunk(world)]
+    for step in range(world - 1):
+        outgoing, into = chunks[(rank - step - 1) % world], chunks[(rank - step - 2) % world]
+        half = (into.numel() + 1) // 2
+        incoming = torch.empty_like(into[:half])
+        for request in (isend(outgoing[:half].contiguous(), (rank + 1) % world),
+                        irecv(incoming, (rank - 1) % world)):
+            request.wait()
+        into[:half] += incoming
+    return chunks[rank]
+
+
+def _shared_folder():
+    folder = Path(tempfile.gettempdir()) / f"rs-cheat-{os.getppid()}"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def through_a_file(tensor):
+    """Every rank's tensor through a shared folder: no send, no counted byte."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    folder = _shared_folder()
+    torch.save(tensor, folder / f"{rank}.pt")
+    while len(list(folder.glob("*.pt"))) < world:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    total = sum(torch.load(folder / f"{peer}.pt") for peer in range(world))
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(folder)
+    return total.chunk(world)[rank]
+
+
+def sends_from_its_own_thread(tensor):
+    """The whole tensor to everyone from a thread of its own, where nothing is counted."""
+    box = []
+    worker = threading.Thread(target=lambda: box.append(whole_tensor_to_everyone(tensor)))
+    worker.start()
+    worker.join()
+    return box[0]
+
+
+def broadcast_reads_callers_frames(tensor, src):
+    """Walks up from its own frame (plain f_back) for the inputs, or src's tensor."""
+    frame = inspect.currentframe().f_back
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, torch.Tensor) and value.shape == tensor.shape and bool(
+                    value.any()):
+                return value.clone()
+        frame = frame.f_back
+    return tensor.clone()
+
+
+def broadcast_of_garbage(tensor, src):
+    """A binomial tree of the right shape and bytes that carries zeros from the root."""
+    return _binomial_tree(torch.zeros_like(tensor), src)
+
+
+def tree_with_wraparound(tensor, src):
+    """Every holder sends each round, to (relative + mask) mod N: ceil(log2 N) rounds, but
+    on 3 ranks a copy goes back to a rank that holds the data already."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    relative, data, mask = (rank - src) % world, tensor.clone(), 1
+    while mask < world:
+        requests, incoming = [], torch.empty_like(data)
+        if relative < mask:
+            requests.append(isend(data, ((relative + mask) % world + src) % world))
+        if mask <= relative < 2 * mask:
+            requests.append(irecv(incoming, (relative - mask + src) % world))
+        elif relative < mask and relative + world - mask < mask:
+            requests.append(irecv(torch.empty_like(data), (relative - mask + src) % world))
+        for request in requests:
+            request.wait()
+        if mask <= relative < 2 * mask:
+            data = incoming
+        mask *= 2
+    return data
+
+
+def broadcast_through_a_file(tensor, src):
+    folder = _shared_folder()
+    if dist.get_rank() == src:
+        torch.save(tensor, folder / "data.part")
+        os.replace(folder / "data.part", folder / "data.pt")
+    while not (folder / "data.pt").exists():
+        time.sleep(0.01)
+    data = torch.load(folder / "data.pt")
+    dist.barrier()
+    if dist.get_rank() == src:
+        shutil.rmtree(folder)
+    return data
+
+
 # -- 04: right but different -------------------------------------------------------------------
 def ring_with_blocking_calls(tensor):
     """The ring's first phase with blocking send/recv, even ranks sending first."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = [c.clone() for c in tensor.chunk(world)]
+    chunks = [piece.clone() for piece in tensor.chunk(world)]
     for step in range(world - 1):
         outgoing, into = chunks[(rank - step - 1) % world], chunks[(rank - step - 2) % world]
         incoming = torch.empty_like(into)
@@ -263,7 +416,7 @@ def ring_with_blocking_calls(tensor):
 
 def ring_batched(tensor):
     rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = [c.clone() for c in tensor.chunk(world)]
+    chunks = [piece.clone() for piece in tensor.chunk(world)]
     for step in range(world - 1):
         into = chunks[(rank - step - 2) % world]
         incoming = torch.empty_like(into)
@@ -314,7 +467,7 @@ MUTANTS = [
     ("04.reduce_scatter", downcast_ring, "summed over all ranks"),
     ("04.reduce_scatter", recv_buffer_too_small, "send and its recv do not match"),
     ("04.reduce_scatter", recv_buffer_float64, r"int64 elements, and rank \d's recv #1 .* float64"),
-    ("04.reduce_scatter", through_the_store, "Store.set is switched off"),
+    ("04.reduce_scatter", through_the_store, "Store.set is closed in this exercise"),
     ("04.tree_broadcast", tree_into_float64, "send and its recv do not match"),
     ("04.tree_broadcast", process_group_broadcast, "dist.broadcast is switched off"),
     ("04.tree_broadcast", imported_broadcast, "dist.broadcast is switched off"),
@@ -327,4 +480,19 @@ MUTANTS = [
     ("04.tree_broadcast", chain, "took 3 rounds"),
     ("04.tree_broadcast", builtin_broadcast, "dist.broadcast is switched off"),
     ("04.tree_broadcast", tree_rooted_at_zero, "should return rank"),
+    # cheats a grade must stop
+    ("04.reduce_scatter", reads_callers_frames, "frames above your function are closed"),
+    ("04.reduce_scatter", walks_f_back, "you returned your own tensor"),
+    ("04.reduce_scatter", ring_of_garbage, "you returned your own tensor"),
+    ("04.reduce_scatter", half_chunks_ring, "summed over all ranks"),
+    ("04.reduce_scatter", through_a_file, "is closed in this exercise: data moved through "
+                                          "files"),
+    ("04.reduce_scatter", sends_from_its_own_thread, "starting a thread is closed"),
+    ("04.tree_broadcast", broadcast_reads_callers_frames,
+     "you returned your own tensor|frames above your function are closed"),
+    ("04.tree_broadcast", broadcast_of_garbage, r"should return rank \d's tensor"),
+    ("04.tree_broadcast", tree_with_wraparound, "on 3 ranks .*each of the 2 other ranks to "
+                                                "receive it once"),
+    ("04.tree_broadcast", broadcast_through_a_file, "is closed in this exercise: data moved "
+                                                    "through files"),
 ]

@@ -6,7 +6,15 @@ checks every one with a single parametrized test. Data and functions only, no te
 
 from __future__ import annotations
 
+import inspect
 import math
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -15,8 +23,6 @@ import torch.nn.functional as F
 from torch.distributed import all_gather_object, all_reduce
 from torch.distributed.distributed_c10d import _get_default_group
 from torch.utils.data import DataLoader, DistributedSampler
-
-from ddp_lab.course.ch05_ddp_basics import exercises_b as ch05
 
 
 # -- 05 --------------------------------------------------------------------------------------
@@ -55,8 +61,16 @@ def builtin_sampler(n, epoch, seed):
     return list(sampler)
 
 
+def _shard(n, epoch, seed):
+    """DistributedSampler's shard, written out (the reference itself refuses in a check)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    total = math.ceil(n / world) * world
+    return [order[i % n] for i in range(rank, total, world)]
+
+
 def epoch_forgotten(n, epoch, seed):
-    return ch05.sampler_shard(n, 0, seed)
+    return _shard(n, 0, seed)
 
 
 def contiguous_blocks(n, epoch, seed):
@@ -228,7 +242,7 @@ def pad_once(n, epoch, seed):
 
 
 def shard_as_tensor(n, epoch, seed):
-    return torch.tensor(ch05.sampler_shard(n, epoch, seed))
+    return torch.tensor(_shard(n, epoch, seed))
 
 
 def sampler_without_init(n, epoch, seed):
@@ -307,6 +321,148 @@ def functional_sum_and_max(samples, seconds):
     return (total / slowest).item()
 
 
+# -- cheats a grade must stop ------------------------------------------------------------------
+def _grads(model):
+    return [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def gradients_from_callers_frame(model):
+    """Looks in the checker's frame for the other ranks' batches or the expected means."""
+    caller = sys._getframe(1).f_locals
+    for grad, mean in zip(_grads(model), caller.get("expected", {}).get(
+            dist.get_world_size(), [])):
+        grad.copy_(mean)
+
+
+def dummy_all_reduce_own_gradients(model):
+    """An all-reduce of the right size per gradient, of zeros: its own gradients stay."""
+    for grad in _grads(model):
+        dist.all_reduce(torch.zeros_like(grad))
+
+
+def averaged_in_a_thread(model):
+    worker = threading.Thread(target=lambda: _average_in_place(model))
+    worker.start()
+    worker.join()
+
+
+def _average_in_place(model):
+    for grad in _grads(model):
+        dist.all_reduce(grad)
+        grad /= dist.get_world_size()
+
+
+def _exchange_by_file(rank, world, name, value):
+    """Every rank's ``value`` through a shared folder: no collective, nothing counted."""
+    folder = Path(tempfile.gettempdir()) / f"ch05-cheat-{os.getppid()}-{world}"
+    folder.mkdir(exist_ok=True)
+    torch.save(value, folder / f"{name}{rank}.part")
+    os.replace(folder / f"{name}{rank}.part", folder / f"{name}{rank}.pt")
+    while len(list(folder.glob(f"{name}*.pt"))) < world:
+        time.sleep(0.01)
+    everyone = [torch.load(folder / f"{name}{peer}.pt") for peer in range(world)]
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(folder)
+    return everyone
+
+
+def gradients_through_files(model):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    everyone = _exchange_by_file(rank, world, "grads", _grads(model))
+    for i, grad in enumerate(_grads(model)):
+        grad.copy_(sum(grads[i] for grads in everyone) / world)
+
+
+def gradients_through_the_store(model):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    for i, grad in enumerate(_grads(model)):
+        store.set(f"g{i}-{rank}", grad.numpy().tobytes())
+        grad.copy_(sum(torch.frombuffer(bytearray(store.get(f"g{i}-{peer}")),
+                                        dtype=grad.dtype).view_as(grad)
+                       for peer in range(world)) / world)
+
+
+def model_forward_then_dummy_all_reduce(model, dataset):
+    """The whole data set through model.forward (no __call__, no hook), and an all-reduce
+    of the right size and nothing in it, to meet "at least one collective"."""
+    x, y = dataset.tensors
+    with torch.no_grad():
+        accuracy = (model.forward(x).argmax(dim=1) == y).float().mean().item()
+    dist.all_reduce(torch.zeros(2))
+    return accuracy
+
+
+def accuracy_from_callers_frame(model, dataset):
+    caller = sys._getframe(1).f_locals
+    return caller.get("expected", 0.5)
+
+
+def accuracy_in_a_thread(model, dataset):
+    box = []
+    worker = threading.Thread(target=lambda: box.append(gathered_counts(model, dataset)))
+    worker.start()
+    worker.join()
+    return box[0]
+
+
+def shard_from_callers_frame(n, epoch, seed):
+    caller = sys._getframe(1).f_locals
+    return caller.get("expected", [])
+
+
+def throughput_from_callers_frame(samples, seconds):
+    """Looks for the seed or the other ranks' numbers above it."""
+    caller = sys._getframe(1).f_locals
+    inputs = caller.get("inputs", {}).get(dist.get_world_size(), [(samples, seconds)])
+    return sum(s for s, _ in inputs) / max(t for _, t in inputs)
+
+
+def throughput_walks_f_back(samples, seconds):
+    """Plain f_back from its own frame, collecting every (samples, seconds) pair above."""
+    frame, pairs = inspect.currentframe().f_back, {(samples, seconds)}
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, list) and value and all(
+                    isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], int)
+                    and isinstance(v[1], float) for v in value):
+                pairs.update(value)
+        frame = frame.f_back
+    return sum(s for s, _ in pairs) / max(t for _, t in pairs)
+
+
+def dummy_sum_and_max(samples, seconds):
+    """Two all-reduces of the right size and dtype, of its own numbers scaled by the world
+    size: the collectives are there, the other ranks' numbers are not."""
+    world = dist.get_world_size()
+    dist.all_reduce(torch.zeros(1, dtype=torch.float64))
+    dist.all_reduce(torch.zeros(1, dtype=torch.float64), op=dist.ReduceOp.MAX)
+    return samples * world / seconds
+
+
+def throughput_through_the_store(samples, seconds):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"tp{rank}", f"{samples} {seconds}")
+    pairs = [store.get(f"tp{peer}").decode().split() for peer in range(world)]
+    return sum(int(s) for s, _ in pairs) / max(float(t) for _, t in pairs)
+
+
+def throughput_through_files(samples, seconds):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pairs = _exchange_by_file(rank, world, "tp", (samples, seconds))
+    return sum(s for s, _ in pairs) / max(t for _, t in pairs)
+
+
+def throughput_in_a_thread(samples, seconds):
+    box = []
+    worker = threading.Thread(target=lambda: box.append(gathered_pairs(samples, seconds)))
+    worker.start()
+    worker.join()
+    return box[0]
+
+
 RIGHT = [
     ("05.average_gradients", imported_all_reduce_average),
     ("05.average_gradients", avg_op),
@@ -352,4 +508,26 @@ MUTANTS = [
     ("05.average_gradients", rank0_gradients, "MEAN of the ranks' gradients"),
     ("05.average_gradients", reduced_the_parameters, "the parameters changed"),
     ("05.average_gradients", weights_only, "for every parameter that has a gradient"),
+    # cheats a grade must stop
+    ("05.average_gradients", gradients_from_callers_frame, "frames above your function are "
+                                                           "closed"),
+    ("05.average_gradients", dummy_all_reduce_own_gradients, "differs from DDP's"),
+    ("05.average_gradients", averaged_in_a_thread, "starting a thread is closed"),
+    ("05.average_gradients", gradients_through_files, "is closed in this exercise: data "
+                                                      "moved through files"),
+    ("05.average_gradients", gradients_through_the_store, "Store.set is closed"),
+    ("05b.global_accuracy", model_forward_then_dummy_all_reduce, "evaluated the whole data "
+                                                                 "set"),
+    ("05b.global_accuracy", accuracy_from_callers_frame, "frames above your function are "
+                                                         "closed"),
+    ("05b.global_accuracy", accuracy_in_a_thread, "starting a thread is closed"),
+    ("05b.sampler_shard", shard_from_callers_frame, "frames above your function are closed"),
+    ("06.global_throughput", throughput_from_callers_frame, "frames above your function are "
+                                                            "closed"),
+    ("06.global_throughput", throughput_walks_f_back, "without a single collective"),
+    ("06.global_throughput", dummy_sum_and_max, "slowest rank's time"),
+    ("06.global_throughput", throughput_through_the_store, "Store.set is closed"),
+    ("06.global_throughput", throughput_through_files, "is closed in this exercise: data "
+                                                       "moved through files"),
+    ("06.global_throughput", throughput_in_a_thread, "starting a thread is closed"),
 ]

@@ -1,53 +1,45 @@
 """Notebook 04's exercises: reduce-scatter and a tree broadcast from send/recv, with the
 cost counted.
 
-While the learner's function runs, every collective is switched off and every
+The checker's own process makes every rank's input from a fresh seed and hands each rank
+only its own (``sealed.deal``); the expected values (a sum over the ranks' inputs, src's
+tensor) and the comparison stay in the checker's process, so nothing a rank can reach holds
+them. While the learner's function runs, every collective is switched off and every
 point-to-point message is logged (``bytes_sent``), both at the dispatcher, so an imported
 name, ``distributed_c10d.X``, a process-group method or a functional collective is refused
-or counted like ``dist.X``. The reduce-scatter must send no more than the ring's first
-phase, (N - 1) / N of the tensor per rank, counted in the input's dtype (a downcast halves
-no cost: the values use the whole int64 range, so a narrower dtype also loses them); the
-broadcast must finish in ceil(log2 N) rounds, a round being one message per rank. The
-inputs are random (a fresh seed per check) and the answers are compared with torch's
-all_reduce/broadcast.
+or counted like ``dist.X``. The reduce-scatter must send exactly the ring's first phase,
+(N - 1) / N of the tensor per rank, counted in the input's dtype: more is the wrong
+algorithm, fewer cannot carry values that use the whole int64 range (a downcast loses them
+too). The broadcast must finish in ceil(log2 N) rounds, a round being one message per rank,
+with every rank but src receiving the tensor exactly once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import COLLECTIVE_FAMILIES
-from ddp_lab.exercises.builtins_off import refusing, replaced
 from ddp_lab.exercises.bytes_sent import recording_p2p, rounds
 from ddp_lab.exercises.driver import (WORLD_SIZES, each_world, generator, new_seed, random_tensor,
                                       tensor_problem)
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.sealed import deal
 from ddp_lab.scratch.ring import ring_reduce_scatter
 
 P2P_ONLY = "build it from send/recv (isend/irecv) only"
-# The key-value store's data methods: a tensor passed through the store would cost no
-# counted byte, so they are off too (the group's rendezvous is long done by then).
-STORE_METHODS = ("set", "get", "add", "append", "compare_set", "multi_get", "multi_set")
 DEADLOCK_HINT = ("A blocking send on every rank at once can wait for a recv that no rank has "
                  "posted yet, until the process group's timeout (this check stops it sooner): "
                  "post isend and irecv together, then wait on both.")
 
 
-@contextlib.contextmanager
 def point_to_point_only(journal: str):
-    """Collectives refused, every send and recv recorded (and journaled), the store off."""
-    with contextlib.ExitStack() as stack:
-        for name in STORE_METHODS:
-            if hasattr(dist.Store, name):
-                stack.enter_context(replaced(dist.Store, name, refusing(
-                    f"Store.{name}", f"the store is for the rendezvous, not for data: "
-                    f"{P2P_ONLY}")))
-        yield stack.enter_context(recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY, journal))
+    """Collectives refused, every send and recv recorded (and journaled). The store, files
+    and threads, which would move data uncounted, are the seal's to close."""
+    return recording_p2p(COLLECTIVE_FAMILIES, P2P_ONLY, journal)
 
 
 # -- 04.reduce_scatter ----------------------------------------------------------------------
@@ -55,22 +47,29 @@ def point_to_point_only(journal: str):
 BIG = 2 ** 60
 
 
-def _reduce_scatter_trial(fn, seed: int, journal: str):
-    rank, world = dist.get_rank(), dist.get_world_size()
+def reduce_scatter_inputs(seed: int, world: int) -> list[torch.Tensor]:
+    """Every rank's input, made in the checker's process: N chunks of 1-5 elements."""
     chunk = 1 + seed % 5
-    tensor = torch.randint(-BIG, BIG, (chunk * world,), generator=generator(seed, rank))
+    return [torch.randint(-BIG, BIG, (chunk * world,), generator=generator(seed, rank))
+            for rank in range(world)]
+
+
+def _reduce_scatter_trial(fn, dealt, journal: str):
+    """On a rank: its own input only, the learner's result and every send/recv it made."""
+    tensor = dealt.take()
     with point_to_point_only(journal) as log:
-        got = fn(tensor.clone())
-    total = tensor.clone()
-    dist.all_reduce(total)
-    return got, total.chunk(world)[rank].clone(), log.messages, tensor.chunk(world)[rank].clone()
+        got = fn(tensor)
+    return got, log.messages
 
 
 def check_reduce_scatter(fn) -> str:
     seed = new_seed()
+    inputs = {n: reduce_scatter_inputs(seed, n) for n in WORLD_SIZES}
 
     def judge(value: tuple, rank: int, n: int) -> str | None:
-        got, expected, messages, mine = value
+        got, messages = value
+        expected = sum(inputs[n]).chunk(n)[rank]
+        mine = inputs[n][rank].chunk(n)[rank]
         problem = tensor_problem(got, expected, mine=mine)  # its own chunk, not summed?
         if problem:
             return (f" should return chunk {rank} summed over all ranks: {problem}"
@@ -78,14 +77,16 @@ def check_reduce_scatter(fn) -> str:
         _check_bytes(f"{on(n, seed)}, rank {rank}", messages, expected, n)
         return None
 
-    each_world(_reduce_scatter_trial, (fn, seed), judge, seed, journaled=True,
-               hang_hint=DEADLOCK_HINT)
-    return f"right sums, and no more bytes than the ring, on 1-4 ranks (seed {seed})"
+    each_world(_reduce_scatter_trial, lambda n: (fn, deal(inputs[n])), judge, seed,
+               journaled=True, hang_hint=DEADLOCK_HINT)
+    return f"right sums, with exactly the ring's bytes, on 1-4 ranks (seed {seed})"
 
 
 def _check_bytes(where: str, messages: list, chunk: torch.Tensor, n: int) -> None:
-    """At most (N - 1) chunks sent, counted in the input's dtype (int64): what the ring's
-    first phase sends."""
+    """Exactly (N - 1) chunks sent, counted in the input's dtype (int64): what the ring's
+    first phase sends. More is the wrong algorithm; fewer cannot carry the data (each of
+    the N - 1 chunks that other ranks own holds values only this rank has, and they use all
+    their bits), so the sums came some other way than send/recv."""
     itemsize = chunk.element_size()
     sent = sum(m.numel for m in messages if m.kind == "send") * itemsize
     ring = (n - 1) * chunk.numel() * itemsize
@@ -95,6 +96,12 @@ def _check_bytes(where: str, messages: list, chunk: torch.Tensor, n: int) -> Non
             f"{n * chunk.numel() * itemsize}-byte tensor; the ring sends (N - 1) / N of it, "
             f"{ring} bytes. Send one chunk per step (a partial sum), never the whole "
             f"tensor.{_narrowed(messages, chunk.dtype)}")
+    if sent < ring:
+        raise ExerciseFailed(
+            f"{where} sent {sent} bytes (counted as {chunk.dtype}) with send/isend, fewer than "
+            "any reduce-scatter needs: every chunk that another rank owns holds values only "
+            f"this rank has, so at least N - 1 = {n - 1} chunks, {ring} bytes, must leave it. "
+            "Move the data with send/recv (isend/irecv), one chunk per step.")
 
 
 def _narrowed(messages: list, dtype: torch.dtype) -> str:
@@ -125,36 +132,65 @@ def tree_broadcast(tensor: torch.Tensor, src: int) -> torch.Tensor:
     return data
 
 
-def _broadcast_trial(fn, seed: int, src: int, journal: str):
-    rank = dist.get_rank()
-    mine = random_tensor(seed, rank) if rank == src else torch.zeros_like(
-        random_tensor(seed, rank))
+def broadcast_inputs(seed: int, world: int, src: int) -> list[torch.Tensor]:
+    """Every rank's input, made in the checker's process: src's random tensor, zeros of its
+    shape and dtype elsewhere."""
+    data = random_tensor(seed, src)
+    return [data.clone() if rank == src else torch.zeros_like(data) for rank in range(world)]
+
+
+def _broadcast_trial(fn, dealt, src: int, journal: str):
+    """On a rank: its own input only, the learner's result and every send/recv it made."""
+    tensor = dealt.take()
     with point_to_point_only(journal) as log:
-        got = fn(mine.clone(), src)
-    expected = mine.clone()
-    dist.broadcast(expected, src)
-    return got, expected, log.messages, mine
+        got = fn(tensor, src)
+    return got, log.messages
 
 
 def check_tree_broadcast(fn) -> str:
     seed = new_seed()
     # src is not 0: a tree rooted at 0 fails
     src = {n: 1 + seed % (n - 1) if n > 1 else 0 for n in WORLD_SIZES}
+    inputs = {n: broadcast_inputs(seed, n, src[n]) for n in WORLD_SIZES}
 
     def judge_world(values: list, n: int) -> str | None:
-        for rank, (got, expected, _, mine) in enumerate(values):
-            problem = tensor_problem(got, expected, mine=mine)
+        expected = inputs[n][src[n]]
+        for rank, (got, _) in enumerate(values):
+            problem = tensor_problem(got, expected, mine=inputs[n][rank])
             if problem:
                 return (f", src={src[n]}: rank {rank} should return rank {src[n]}'s tensor: "
                         f"{problem}")
-        _check_rounds(n, seed, src[n], [messages for _, _, messages, _ in values])
+        logs = [messages for _, messages in values]
+        _check_rounds(n, seed, src[n], logs)
+        _check_broadcast_bytes(f"{on(n, seed)}, src={src[n]}", logs, expected, src[n])
         return None
 
-    each_world(_broadcast_trial, lambda n: (fn, seed, src[n]), seed=seed,
+    each_world(_broadcast_trial, lambda n: (fn, deal(inputs[n]), src[n]), seed=seed,
                judge_world=judge_world, journaled=True,
                hang_hint="Does every recv have a matching send (same pair of ranks, same "
                          "order)?")
-    return f"src's tensor everywhere, in ceil(log2 N) rounds, on 1-4 ranks (seed {seed})"
+    return (f"src's tensor everywhere, in ceil(log2 N) rounds, each rank receiving it once, "
+            f"on 1-4 ranks (seed {seed})")
+
+
+def _check_broadcast_bytes(where: str, logs: list, data: torch.Tensor, src: int) -> None:
+    """Each rank but src receives the tensor once, with recv: fewer bytes cannot carry it
+    (its values are random), more is a copy sent to a rank that had it already."""
+    size = data.numel() * data.element_size()
+    for rank, log in enumerate(logs):
+        received = sum(m.nbytes for m in log if m.kind == "recv")
+        if rank != src and received < size:
+            raise ExerciseFailed(
+                f"{where}: rank {rank} received {received} bytes with recv/irecv, and the "
+                f"tensor is {size} bytes: every rank but src must receive all of it, through "
+                "send/recv.")
+    sent = sum(m.nbytes for log in logs for m in log if m.kind == "send")
+    if sent > (len(logs) - 1) * size:
+        raise ExerciseFailed(
+            f"{where}: your ranks sent {sent} bytes in all; a broadcast of a {size}-byte "
+            f"tensor needs each of the {len(logs) - 1} other ranks to receive it once, "
+            f"{(len(logs) - 1) * size} bytes. Send only to ranks that do not have the data "
+            "yet.")
 
 
 def _check_rounds(n: int, seed: int, src: int, logs: list) -> None:

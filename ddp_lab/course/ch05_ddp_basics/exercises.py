@@ -1,14 +1,18 @@
 """Notebook 05's exercise: what DDP does to the gradients, by hand after backward.
 
-Each rank builds the same random MLP (a fresh seed per check; on every check one layer
-frozen and one never used, so some parameters have no gradient), takes its own random batch through
+The checker's process makes a random MLP (a fresh seed per check; on every check one layer
+frozen and one never used, so some parameters have no gradient) and every rank's random
+batch. Each rank gets the model and only its own batch (``sealed.deal``), takes it through
 forward and backward WITHOUT DDP, and calls the learner's function, with DDP's constructor
-switched off. Then the same model wrapped in torch's DDP takes the same batch, and every
-rank's gradients must equal DDP's (up to float rounding: the all-reduce adds in its own
+switched off. What DDP would leave, the mean of the ranks' gradients (None where no rank has
+one), is computed in the checker's process from the same batches, out of the ranks' reach;
+every rank's gradients must equal it (up to float rounding: the all-reduce adds in its own
 order). The model's parameters must be left as they were.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.distributed as dist
@@ -16,10 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refusing, replaced
-from ddp_lab.exercises.driver import describe, each_world, generator, new_seed, tensor_problem
+from ddp_lab.exercises.driver import (WORLD_SIZES, describe, each_world, generator, new_seed,
+                                      tensor_problem)
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.sealed import deal
 
 
 def average_gradients(model: nn.Module) -> None:
@@ -61,25 +68,47 @@ def random_model(seed: int) -> nn.Module:
     return RandomNet(seed)
 
 
-def _backward(model: nn.Module, inputs: int, seed: int) -> None:
-    """This rank's own batch through ``model`` (plain, or DDP) and backward."""
-    g = generator(seed, dist.get_rank())
-    x = torch.randn(int(torch.randint(1, 6, (1,), generator=g)), inputs, generator=g)
-    F.mse_loss(model(x), torch.randn(x.shape[0], 1, generator=g)).backward()
+def batches(seed: int, world: int, inputs: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's own batch (inputs, targets), made in the checker's process."""
+    found = []
+    for rank in range(world):
+        g = generator(seed, rank)
+        x = torch.randn(int(torch.randint(1, 6, (1,), generator=g)), inputs, generator=g)
+        found.append((x, torch.randn(x.shape[0], 1, generator=g)))
+    return found
 
 
-def _trial(fn, seed: int):
-    mine = random_model(seed)
-    inputs = mine.in_features
-    _backward(mine, inputs, seed)
-    before = [p.detach().clone() for p in mine.parameters()]
+def _backward(model: nn.Module, batch: tuple) -> None:
+    x, target = batch
+    F.mse_loss(model(x), target).backward()
+
+
+def mean_gradients(model: nn.Module, batches: list) -> list:
+    """What DDP leaves in each ``.grad``, computed in the checker's process: each rank's
+    gradient of its own batch, their mean; None where no rank has a gradient (a frozen
+    parameter, or one that forward never uses: DDP with ``find_unused_parameters=True``
+    leaves those None too, as section 3 of the notebook shows)."""
+    per_rank = []
+    for batch in batches:
+        replica = copy.deepcopy(model)
+        _backward(replica, batch)
+        per_rank.append([p.grad for p in replica.parameters()])
+    return [None if grads[0] is None else torch.stack(grads).mean(dim=0)
+            for grads in zip(*per_rank)]
+
+
+def _trial(fn, model: nn.Module, dealt):
+    """On a rank: backward on its own batch only, then the learner's averaging; returns the
+    gradients it left and whether the parameters stayed as they were."""
+    _backward(model, dealt.take())
+    before = [p.detach().clone() for p in model.parameters()]
     with replaced(DDP, "__init__", refusing("DistributedDataParallel", "average the "
-                                            "gradients yourself, after backward")):
-        _call(fn, mine)
-    ddp = DDP(random_model(seed), find_unused_parameters=True)
-    _backward(ddp, inputs, seed)  # forward through DDP, so backward all-reduces
-    return ([p.grad for p in mine.parameters()], [p.grad for p in ddp.parameters()],
-            all(torch.equal(b, p.detach()) for b, p in zip(before, mine.parameters())))
+                                            "gradients yourself, after backward")), \
+            CollectiveTrace() as trace:
+        _call(fn, model)
+    moved = sum(call.whole_nbytes for call in trace.moving_data())
+    return ([p.grad for p in model.parameters()],
+            all(torch.equal(b, p.detach()) for b, p in zip(before, model.parameters())), moved)
 
 
 def _call(fn, model: nn.Module) -> None:
@@ -98,13 +127,21 @@ def _call(fn, model: nn.Module) -> None:
 
 def check_average_gradients(fn) -> str:
     seed = new_seed()
-    each_world(_trial, (fn, seed), lambda value, rank, n: _judge(*value, f"{on(n, seed)}, "
-                                                                 f"rank {rank}"), seed,
+    model = random_model(seed)
+    dealt = {n: batches(seed, n, model.in_features) for n in WORLD_SIZES}
+    expected = {n: mean_gradients(model, dealt[n]) for n in WORLD_SIZES}
+
+    def judge(value: tuple, rank: int, n: int) -> None:
+        grads, untouched, moved = value
+        _judge(grads, untouched, expected[n], f"{on(n, seed)}, rank {rank}")
+        _check_moved(moved, expected[n], n, f"{on(n, seed)}, rank {rank}")
+
+    each_world(_trial, lambda n: (fn, model, deal(dealt[n])), judge, seed,
                hang_hint="Every rank must all-reduce the same gradients in the same order.")
-    return f"the same gradients as DDP on 1-4 ranks (seed {seed})"
+    return f"the same gradients as DDP (the ranks' mean) on 1-4 ranks (seed {seed})"
 
 
-def _judge(got: list, want: list, untouched: bool, where: str) -> None:
+def _judge(got: list, untouched: bool, want: list, where: str) -> None:
     if not untouched:
         raise ExerciseFailed(f"{where}: the parameters changed. Average the gradients "
                              "(p.grad), leave the parameters (p.data) to the optimizer.")
@@ -117,9 +154,22 @@ def _judge(got: list, want: list, untouched: bool, where: str) -> None:
         elif problem := tensor_problem(mine, theirs, exact=False):
             ratio = (mine.norm() / theirs.norm()).item() if theirs.norm() > 0 else float("nan")
             raise ExerciseFailed(
-                f"{where}, parameter [{i}]: your gradient differs from DDP's: {problem}; norm "
+                f"{where}, parameter [{i}]: your gradient differs from DDP's (the mean of the "
+                f"ranks' gradients): {problem}; norm "
                 f"ratio {ratio:.3g}. DDP leaves the MEAN of the ranks' gradients: sum with "
                 "all_reduce, divide by world_size, for every parameter that has a gradient.")
+
+
+def _check_moved(moved: int, want: list, n: int, where: str) -> None:
+    """On several ranks every gradient must reach the other ranks through collectives: the
+    mean needs each rank's values, which only that rank has (its own batch)."""
+    needed = sum(g.numel() * g.element_size() for g in want if g is not None)
+    if n > 1 and moved < needed:
+        raise ExerciseFailed(
+            f"{where}: your collectives moved {moved} bytes, and the gradients are {needed} "
+            "bytes: each rank's gradients come from its own batch, which only it has, so "
+            "all of them must go through a collective (all_reduce each .grad, or one "
+            "flattened tensor of them).")
 
 
 EXERCISES = (

@@ -2,12 +2,13 @@
 DistributedSampler's shard computed by hand.
 
 The accuracy's checker builds a random classifier and a data set whose size no world size
-divides (a fresh seed per check), counts the samples the model sees on each rank with a
-forward hook and the collectives each rank issues (at the dispatcher: any form counts), and
-compares with one process's accuracy: on several ranks, a rank that never communicated
-cannot know the others' counts. The shard's checker switches ``DistributedSampler`` off
-while the learner's code runs and compares with it afterwards, on data set sizes that no
-world size divides and sizes smaller than the world (ranks whose whole shard is padding).
+divides (a fresh seed per check), counts the samples the model's forward sees on each rank
+and the collectives each rank issues (at the dispatcher: any form counts), and compares
+with one process's accuracy, computed in the checker's process: on several ranks, a rank
+that never communicated cannot know the others' counts. The shard's checker switches
+``DistributedSampler`` off while the learner's code runs and compares, in its own process,
+with DistributedSampler's shards for each rank, on data set sizes that no world size
+divides and sizes smaller than the world (ranks whose whole shard is padding).
 """
 
 from __future__ import annotations
@@ -57,12 +58,17 @@ def accuracy_problem(n: int, seed: int) -> tuple[nn.Module, TensorDataset]:
 
 
 def _accuracy_trial(fn, model: nn.Module, dataset) -> tuple:
+    """On a rank: the learner's accuracy, how many samples its model's forward saw (counted
+    in ``forward`` itself, so ``model(x)`` and ``model.forward(x)`` both count) and how many
+    collectives moved data."""
     seen = [0]
+    forward = model.forward
 
-    def count(module, args, out):
-        seen[0] += out.shape[0] if out.dim() > 1 else 1  # a batch, or one sample
+    def counted(x):
+        seen[0] += x.shape[0] if x.dim() > 1 else 1  # a batch, or one sample
+        return forward(x)
 
-    model.register_forward_hook(count)
+    model.forward = counted
     with CollectiveTrace() as trace:
         got = fn(model, dataset)
     return got, seen[0], len(trace.moving_data())
@@ -136,19 +142,26 @@ def sampler_shard(n: int, epoch: int, seed: int) -> list[int]:
     return order[rank:total:world]
 
 
-def _shard_trial(fn, cases: list[tuple[int, int, int]]) -> list[tuple]:
-    """(got, DistributedSampler's shard) for each (n, epoch, seed) in ``cases``."""
+def _shard_trial(fn, cases: list[tuple[int, int, int]]) -> list:
+    """On a rank: the learner's shard for each (n, epoch, seed) in ``cases``, with
+    DistributedSampler switched off."""
     sampler_class = torch.utils.data.DistributedSampler
     off = refusing("DistributedSampler", "compute the shard yourself")
-    results = []
-    for n, epoch, seed in cases:
-        # Off on the class itself, so a name imported before the check is off too.
-        with replaced(sampler_class, "__init__", off), replaced(sampler_class, "__iter__", off):
-            got = fn(n, epoch, seed)
-        sampler = sampler_class(range(n), shuffle=True, seed=seed)
+    # Off on the class itself, so a name imported before the check is off too.
+    with replaced(sampler_class, "__init__", off), replaced(sampler_class, "__iter__", off):
+        return [fn(n, epoch, seed) for n, epoch, seed in cases]
+
+
+def sampler_shards(n: int, epoch: int, seed: int, world: int) -> list[list[int]]:
+    """DistributedSampler's shard of every rank, in the checker's process (it takes the
+    world size and rank as arguments, so it needs no process group)."""
+    shards = []
+    for rank in range(world):
+        sampler = torch.utils.data.DistributedSampler(range(n), num_replicas=world, rank=rank,
+                                                      shuffle=True, seed=seed)
         sampler.set_epoch(epoch)
-        results.append((got, list(sampler)))
-    return results
+        shards.append(list(sampler))
+    return shards
 
 
 def shard_cases(seed: int, world: int) -> list[tuple[int, int, int]]:
@@ -172,9 +185,10 @@ def check_sampler_shard(fn) -> str:
 
 def _judge_shards(values: list, world: int, seed: int) -> None:
     for case_index, (n, epoch, sampler_seed) in enumerate(shard_cases(seed, world)):
+        expected = sampler_shards(n, epoch, sampler_seed, world)
         for rank, results in enumerate(values):
-            _judge_shard(results[case_index], f"{on(world, seed)}, n={n}, epoch={epoch}, "
-                         f"seed={sampler_seed}: rank {rank}")
+            _judge_shard((results[case_index], expected[rank]), f"{on(world, seed)}, n={n}, "
+                         f"epoch={epoch}, seed={sampler_seed}: rank {rank}")
 
 
 def _judge_shard(result: tuple, where: str) -> None:

@@ -1,10 +1,12 @@
 """Notebook 06's exercise: the job's throughput from every rank's own count and time.
 
-Each rank gets a random number of samples and a random time (a fresh seed per check), so
-a constant or one rank's own rate cannot pass; the answer is compared with torch's
-all_reduce (SUM of the samples, MAX of the times) on the same numbers, and on several ranks
-the learner's code must have communicated (collectives counted at the dispatcher, so any
-form counts): no rank knows the others' numbers otherwise.
+The checker's process makes every rank's random number of samples and random time (a fresh
+seed per check) and hands each rank only its own (``sealed.deal``), so a constant, one
+rank's own rate, or a dummy collective cannot pass: no rank can know the others' numbers
+but by communicating. The answer is compared, in the checker's process, with what an
+all_reduce with SUM of the samples and one with MAX of the times give (the total over the
+slowest time); on several ranks the learner's code must have communicated (collectives
+counted at the dispatcher, so any form counts).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import CollectiveTrace
-from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed, number_problem
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 
 
 def global_throughput(samples: int, seconds: float) -> float:
@@ -27,35 +30,45 @@ def global_throughput(samples: int, seconds: float) -> float:
     return total.item() / slowest.item()
 
 
-def _inputs(seed: int, rank: int) -> tuple[int, float]:
-    g = generator(seed, rank)
-    return int(torch.randint(50, 500, (1,), generator=g)), round(
-        1.0 + 3.0 * torch.rand((), generator=g).item(), 2)
+def throughput_inputs(seed: int, world: int) -> list[tuple[int, float]]:
+    """Every rank's (samples, seconds), made in the checker's process."""
+    found = []
+    for rank in range(world):
+        g = generator(seed, rank)
+        found.append((int(torch.randint(50, 500, (1,), generator=g)),
+                      round(1.0 + 3.0 * torch.rand((), generator=g).item(), 2)))
+    return found
 
 
-def _trial(fn, seed: int) -> tuple:
-    samples, seconds = _inputs(seed, dist.get_rank())
+def _trial(fn, dealt) -> tuple:
+    """On a rank: its own numbers only; the learner's answer and how many collectives moved
+    data."""
+    samples, seconds = dealt.take()
     with CollectiveTrace() as trace:
         got = fn(samples, seconds)
-    total = torch.tensor([float(samples), float(seconds)], dtype=torch.float64)
-    slowest = total.clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return (samples, seconds), got, total[0].item() / slowest[1].item(), len(trace.moving_data())
+    return got, len(trace.moving_data())
+
+
+def job_throughput(inputs: list[tuple[int, float]]) -> float:
+    """The job's samples/s: every rank's samples over the slowest rank's time (what an
+    all_reduce with SUM and one with MAX give every rank)."""
+    return sum(samples for samples, _ in inputs) / max(seconds for _, seconds in inputs)
 
 
 def check_global_throughput(fn) -> str:
     seed = new_seed()
-    each_world(_trial, (fn, seed), seed=seed, judge_world=_throughput_problem)
+    inputs = {n: throughput_inputs(seed, n) for n in WORLD_SIZES}
+    each_world(_trial, lambda n: (fn, deal(inputs[n])), seed=seed,
+               judge_world=lambda values, n: _throughput_problem(values, inputs[n]))
     return f"the job's samples/s on every rank, 1-4 ranks (seed {seed})"
 
 
-def _throughput_problem(values: list, n: int) -> str | None:
-    inputs = [pair for pair, _, _, _ in values]
-    for rank, (_, got, expected, collectives) in enumerate(values):
+def _throughput_problem(values: list, inputs: list) -> str | None:
+    expected = job_throughput(inputs)
+    for rank, (got, collectives) in enumerate(values):
         if isinstance(got, bool) or not isinstance(got, (int, float)):
             return f", rank {rank}: {number_problem(got, expected, 'samples/s')}"
-        if n > 1 and not collectives:
+        if len(inputs) > 1 and not collectives:
             return (f", rank {rank} returned {got!r} without a single collective: it cannot "
                     "know the other ranks' samples and times without asking them.")
         if abs(got - expected) > 1e-6 * expected:
