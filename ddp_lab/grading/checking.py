@@ -5,8 +5,11 @@ the course's own checker, sealed, with seeds that only this process draws.
 
 ``job.json`` lists ``{"exercise", "payload", "function"}`` (a payload file in the folder,
 the name the notebook gives the function). Each payload
-is handed to ``exercise.checker(sealed(LearnerFunction(payload), exercise))``: this process
-never unpickles it (learner_function.py says why), and the checkers draw their seeds from
+is handed to ``exercise.checker(Sealed.from_pickled(payload, exercise, name))``: this
+process never unpickles it (unpickling runs code: a payload can name any callable to rebuild
+itself); the seal unpickles it inside the sealed call, in the process that calls it (a
+rank, usually), where the references are out of reach and the doors closed, and seals a
+class method by method. The checkers draw their seeds from
 ``random.SystemRandom`` here (``driver.new_seed``), never from the notebook's.
 
 The results go to stdout as one line per exercise, signed with HMAC-SHA256 under the key the
@@ -51,12 +54,10 @@ def check_one(exercise_name: str, payload: bytes, function: str) -> CheckOutcome
     """Run the exercise's checker on the payload, sealed; never raises."""
     from ddp_lab.exercises import NOT_SOLVED as NOT_SOLVED_SAID
     from ddp_lab.exercises.registry import ExerciseFailed, find
-    from ddp_lab.exercises.sealed import sealed
-    from ddp_lab.grading.learner_function import LearnerFunction
+    from ddp_lab.exercises.sealed import Sealed
     exercise = find(exercise_name)
     try:
-        report = exercise.checker(sealed(LearnerFunction(payload, exercise_name, function),
-                                         exercise))
+        report = exercise.checker(Sealed.from_pickled(payload, exercise, function))
     except NotImplementedError:
         return CheckOutcome(exercise_name, NOT_SOLVED, f"{NOT_SOLVED_SAID}: the function "
                                                        f"raised NotImplementedError")

@@ -13,13 +13,13 @@ import pytest
 
 import ddp_lab.exercises as ex
 from ddp_lab.exercises.registry import find
-from ddp_lab.exercises.sealed import sealed
+from ddp_lab.exercises.sealed import Sealed
 from ddp_lab.grading import results as r
-from ddp_lab.grading.checking import CheckOutcome, read_results, signed_line
+from ddp_lab.grading.checking import (FAILED, PASSED, CheckOutcome, check_one, read_results,
+                                      signed_line)
 from ddp_lab.grading.class_report import common_failure, write_grades_csv, write_summary_html
 from ddp_lab.grading.grade import submission_names
 from ddp_lab.grading.kernel_cells import definitions_only, kernel_notebook
-from ddp_lab.grading.learner_function import LearnerFunction
 from ddp_lab.grading.submission import read_submission
 from ddp_lab.launch import payload
 
@@ -86,14 +86,14 @@ def test_only_lines_signed_with_the_key_count():
 
 
 def test_the_grader_never_unpickles_the_payload(tmp_path):
-    """A payload that runs code when unpickled runs it only inside the sealed call."""
+    """A payload that runs code when unpickled runs it only inside the sealed call, as
+    check_one hands it to a checker."""
     marker = tmp_path / "unpickled"
-    hostile = pickle.dumps(_Trap(str(marker)))
-    wrapped = sealed(LearnerFunction(hostile, "00.max_over_ranks", "max_over_ranks"),
-                     find("00.max_over_ranks"))
+    wrapped = Sealed.from_pickled(pickle.dumps(_Trap(str(marker))), find("00.max_over_ranks"),
+                                  "max_over_ranks")
     payload.dumps(wrapped)  # what the checker does to send it to the ranks
     assert not marker.exists()
-    with pytest.raises(Exception, match="closed|unpickled"):
+    with pytest.raises(Exception, match="closed"):
         wrapped(1.0)  # unpickled here, inside the seal: the file door is closed
     assert not marker.exists()
 
@@ -106,14 +106,22 @@ class _Trap:
         return open, (self.path, "w")
 
 
-def test_a_learner_function_becomes_the_function_inside_the_seal():
-    function = LearnerFunction(payload.dumps(_double), "x", "double")
-    assert function(3) == 6
-    assert pickle.loads(pickle.dumps(function))(4) == 8
+def test_a_payload_check_runs_the_checker_on_the_function():
+    right = _cell("def f(value):\n    import torch, torch.distributed as dist\n"
+                  "    t = torch.tensor([float(value)], dtype=torch.float64)\n"
+                  "    dist.all_reduce(t, op=dist.ReduceOp.MAX)\n    return t.item()\n")
+    good = check_one("00.max_over_ranks", payload.dumps(right), "max_over_ranks")
+    bad = check_one("00.max_over_ranks", payload.dumps(_cell("def f(value):\n    return 2\n")),
+                    "max_over_ranks")
+    assert good.status == PASSED and bad.status == FAILED, (good, bad)
+    assert bad.output.startswith("on ") and len(bad.output.splitlines()) <= 12
 
 
-def _double(x):
-    return 2 * x
+def _cell(source: str):
+    """``f`` as a kernel defines it: in ``__main__``, so that it travels by value."""
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, "<cell>", "exec"), namespace)
+    return namespace["f"]
 
 
 def test_results_json_is_gradescope_shaped(tmp_path):
