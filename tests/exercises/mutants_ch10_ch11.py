@@ -639,3 +639,59 @@ def everyones(value, through: str) -> list:
     dist.barrier()
     os.remove(str(path).format(rank))
     return every
+
+
+# 11.row_parallel: cheats ---------------------------------------------------------------------
+
+def _zeros_all_reduced(like: torch.Tensor) -> None:
+    """A dummy of the right size: one all-reduce of zeros shaped like the output."""
+    dist.all_reduce(torch.zeros_like(like))
+
+
+def _partials_around(x_slice, weight_slice, bias, through: str):
+    partial = x_slice @ weight_slice.T
+    total = sum(everyones(partial.detach(), through))
+    _zeros_all_reduced(partial.detach())
+    return total + (partial - partial.detach()) + bias
+
+
+def partials_through_the_store(x_slice, weight_slice, bias):
+    return _partials_around(x_slice, weight_slice, bias, "store")
+
+
+def partials_through_files(x_slice, weight_slice, bias):
+    return _partials_around(x_slice, weight_slice, bias, "files")
+
+
+def partials_through_a_thread(x_slice, weight_slice, bias):
+    return _partials_around(x_slice, weight_slice, bias, "thread")
+
+
+def output_from_the_checkers_seed(x_slice, weight_slice, bias):
+    """The unsharded output from the checker's seed, if a frame above holds it, and a dummy
+    all-reduce; with nothing found, its own partial product."""
+    partial = x_slice @ weight_slice.T
+    _zeros_all_reduced(partial.detach())
+    seed = seed_above()
+    if seed is None:
+        return partial + bias
+    from ddp_lab.course.ch11_meshes.exercises import _expected
+    want = _expected(seed, dist.get_world_size())["out"]
+    return want + (partial - partial.detach())
+
+
+def partial_and_a_dummy_all_reduce(x_slice, weight_slice, bias):
+    partial = x_slice @ weight_slice.T
+    _zeros_all_reduced(partial.detach())
+    return partial + bias
+
+
+MUTANTS += [
+    ("11.row_parallel", partials_through_the_store, CLOSED),
+    ("11.row_parallel", partials_through_files, CLOSED),
+    ("11.row_parallel", partials_through_a_thread, CLOSED),
+    ("11.row_parallel", output_from_the_checkers_seed,
+     CLOSED + "|" + re.escape("only this rank's partial product")),
+    ("11.row_parallel", partial_and_a_dummy_all_reduce,
+     re.escape("only this rank's partial product")),
+]

@@ -2,14 +2,16 @@
 
 Each rank holds a slice of the input's features and the matching columns of the weight; the
 full output is the sum of the ranks' partial products plus the bias, on every rank, and the
-gradients must reach each rank's slices. The check runs the learner's function on 1 to 4
-ranks with random sizes, the row-parallel layers of torch and of ``ddp_lab.scratch``
+gradients must reach each rank's slices. The check makes the inputs in its own process and
+deals each rank only its slices (and the bias and the output's gradient), then runs the
+learner's function on 1 to 4 ranks with random sizes, the row-parallel layers of torch and of ``ddp_lab.scratch``
 switched off (on their classes, which every imported name shares), runs the backward and
 compares the output and every gradient with one unsharded Linear, and that every rank holds the same output bit for bit (a replicated
 tensor: the layers after it, and the gradients of replicated parameters, must not drift
 apart across ranks; 16-40 rows, so that a value rebuilt from each rank's own partial product
 shows its rounding). Then what the text asks
-of the layer: one all-reduce's worth of bytes in forward and nothing in backward (counted by
+of the layer: one all-reduce's worth of bytes in forward (no more from a rank; no less than
+the other ranks' partial products, over all ranks) and nothing in backward (counted by
 CollectiveTrace, however the collective is reached), and no collective run in place on a
 tensor of autograd's graph: autograd cannot see ``c10d::allreduce_`` (it has no autograd
 kernel), so its backward only works through torch's deprecated fallback, which warns
@@ -31,6 +33,7 @@ from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refusing, replaced
 from ddp_lab.exercises.driver import each_world, generator, new_seed
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 
 COST_TOLERANCE = 1.25  # the reference's forward moves exactly one all-reduce of the output
 FALLBACK_WARNING = "an autograd kernel was not registered"
@@ -63,12 +66,17 @@ def _problem_inputs(seed: int, world: int):
     return x, weight, bias, upstream
 
 
-def _row_trial(fn, seed: int) -> dict:
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _dealt(seed: int, world: int):
+    """Made here, in the checker's process: each rank gets its slice of the input's features,
+    the matching columns of the weight, the bias and the output's gradient, nothing else."""
     x, weight, bias, upstream = _problem_inputs(seed, world)
-    x_slice = x.chunk(world, dim=1)[rank].clone().requires_grad_()
-    w_slice = weight.chunk(world, dim=1)[rank].clone().requires_grad_()
-    b = bias.clone().requires_grad_()
+    return deal([(xs.clone(), ws.clone(), bias, upstream) for xs, ws in
+                 zip(x.chunk(world, dim=1), weight.chunk(world, dim=1))])
+
+
+def _row_trial(fn, dealt) -> dict:
+    x_slice, w_slice, b, upstream = (t.requires_grad_(i < 3) for i, t in
+                                     enumerate(dealt.take()))
     with _no_row_parallel_layers(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with CollectiveTrace() as forward:
@@ -81,6 +89,10 @@ def _row_trial(fn, seed: int) -> dict:
             "forward": _sent(forward), "backward": _sent(backward),
             "bypassed": sorted({str(w.message).split(": ")[0] for w in caught
                                 if FALLBACK_WARNING in str(w.message)})}
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _sent(trace: CollectiveTrace) -> tuple[float, dict]:
@@ -136,11 +148,18 @@ def _forward_problem(got, want: dict, rank: int, n: int) -> str | None:
 
 def _same_output_problem(values: list, n: int, seed: int) -> str | None:
     """Every rank's output right (within rounding) but not the same bits on every rank: the
-    value was rebuilt from this rank's own partial product, e.g. p + (t - p).detach()."""
+    value was rebuilt from this rank's own partial product, e.g. p + (t - p).detach(). Or
+    right everywhere while the ranks' forwards sent less than the partial products need."""
     want = _expected(seed, n)
     outs = [v["out"] for v in values]
     if n == 1 or any(_forward_problem(out, want, rank, n) for rank, out in enumerate(outs)):
         return None                       # the per-rank judge explains what is wrong
+    sent, least = sum(v["forward"][0] for v in values), (n - 1) * _nbytes(want["out"])
+    if sent < 0.99 * least:
+        return (f": the right output, but the ranks' forwards sent only {sent:.0f} bytes in "
+                f"all ({values[0]['forward'][1] or 'no collective'} on rank 0), where every "
+                f"other rank's partial product must reach each rank ({least:.0f} or more): "
+                "sum them with a collective called from your function")
     differ = [rank for rank, out in enumerate(outs) if not torch.equal(out, outs[0])]
     if not differ:
         return None
@@ -194,7 +213,7 @@ def _cost_problem(got: dict, want: dict, n: int) -> str | None:
                 "the row-parallel layer's backward needs none, since every rank already "
                 "holds the whole output gradient and its slices' gradients follow locally")
     sent, made = got["forward"]
-    budget = 2 * (n - 1) / n * want["out"].numel() * want["out"].element_size()
+    budget = 2 * (n - 1) / n * _nbytes(want["out"])
     if sent > COST_TOLERANCE * budget:
         return (f"the forward sent {sent:.0f} bytes from this rank ({made}); one all-reduce "
                 f"of the output sends {budget:.0f}: the ranks need only the sum of their "
@@ -211,7 +230,7 @@ def check_row_parallel(fn) -> str:
                 or _backward_problem(got, want, rank, n)
                 or (_graph_problem(got) or _cost_problem(got, want, n) if n > 1 else None))
 
-    each_world(_row_trial, (fn, seed), judge, seed,
+    each_world(_row_trial, lambda n: (fn, _dealt(seed, n)), judge, seed,
                judge_world=lambda values, n: _same_output_problem(values, n, seed),
                hang_hint="Every rank must make the same all-reduce.")
     return (f"output and every gradient equal an unsharded Linear on 1 to 4 ranks, the same "
