@@ -108,8 +108,8 @@ class OwnDDP(torch.nn.Module):
         flags = torch.tensor([1 if id(q) in self.used else 0 for q in self.params])
         dist.all_reduce(flags)
         somewhere = {id(q) for q, flag in zip(self.params, flags.tolist()) if flag > 0}
-        for work, k, flat in self.in_flight:
-            work.wait()
+        self._wait_all([work for work, _, _ in self.in_flight])
+        for _, k, flat in self.in_flight:
             start = 0
             for q in self.buckets[k]:
                 piece = flat[start:start + q.numel()].reshape(q.shape)
@@ -119,6 +119,10 @@ class OwnDDP(torch.nn.Module):
                 elif id(q) in somewhere:
                     q.grad.copy_(piece)
         self._new_step()
+
+    def _wait_all(self, works):
+        for work in works:
+            work.wait()
 
 
 def _flat(bucket):
@@ -433,6 +437,21 @@ def _default_store():
 
 
 # Right answers the reference does not write.
+class WaitAllFutures(OwnDDP):
+    """torch.futures.wait_all on the works' Futures, each chained through then()."""
+
+    def _wait_all(self, works):
+        torch.futures.wait_all([w.get_future().then(lambda f: f.value()) for w in works])
+
+
+class PollsCompletion(OwnDDP):
+    """Polls is_completed() until every all-reduce is done."""
+
+    def _wait_all(self, works):
+        while not all(w.is_completed() for w in works):
+            sleep(0.001)
+
+
 class HalfSummedInFloat32(OwnDDP):
     """The float16 bucket summed in float32: the same average, and no overflow."""
 
@@ -486,6 +505,8 @@ MUTANTS = [
     ("07b.your_own_ddp", SilentSecondBackward, "two backward passes"),
     ("07b.your_own_ddp", NoSyncThatSyncs, "inside no_sync"),
     ("07b.your_own_ddp", BlockingPerParameter, "waited for the other ranks"),
+    ("07b.your_own_ddp", NeverWaits, "must wait on every work handle"),
+    ("07b.your_own_ddp", SleepsInsteadOfWaiting, "must wait on every work handle"),
     ("07b.your_own_ddp", CallersFrameDDP, "frames above your function are closed"),
     ("07b.your_own_ddp", StoreUsedMap, "Store.set is closed"),
 ]
@@ -496,4 +517,6 @@ RIGHT = [
     ("07b.your_own_ddp", ProcessGroupDDP),
     ("07b.your_own_ddp", WithoutNoSync),
     ("07b.your_own_ddp", HalfSummedInFloat32),
+    ("07b.your_own_ddp", WaitAllFutures),
+    ("07b.your_own_ddp", PollsCompletion),
 ]

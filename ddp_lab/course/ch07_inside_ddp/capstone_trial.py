@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_lab.course.ch07_inside_ddp.backward_trace import BackwardTrace
+from ddp_lab.course.ch07_inside_ddp.wait_ledger import WaitLedger
 from ddp_lab.course.collective_trace import BuiltinSwitchedOff
 from ddp_lab.exercises.driver import generator
 
@@ -138,7 +139,7 @@ def _step(ours, optimizer, batch, step: int, late_s: float) -> dict:
     optimizer.zero_grad(set_to_none=True)
     if late_s:
         time.sleep(late_s)  # the late rank, in the first step: the others start without it
-    with BackwardTrace() as trace:
+    with WaitLedger() as ledger, BackwardTrace() as trace:  # the ledger outside: it nests
         loss = _loss(ours, x, y, branch)
         start = time.perf_counter()
         loss.backward()
@@ -149,7 +150,9 @@ def _step(ours, optimizer, batch, step: int, late_s: float) -> dict:
     dist.barrier()  # gloo's barrier waits for every collective issued before it
     record = {"issued": [(*i.summary(), i.in_backward) for i in trace.issued],
               "backward_s": backward_end - start, "sync_s": sync_end - backward_end,
-              "grads": returned, "changed_after": _changed(returned, grads_of(ours.module))}
+              "grads": returned, "changed_after": _changed(returned, grads_of(ours.module)),
+              "unwaited": sum(not i.call.functional for i in trace.all_reduces())
+              - ledger.waited}
     optimizer.step()
     record["params"] = tensors_of(ours.module)
     return record

@@ -98,6 +98,13 @@ def _judge_steps(where: str, rank: int, result: dict, bucket_mb, late_s: float,
         _judge_launches(at, record["issued"], buckets, locally_unused(step, rank))
         if step == 0 and late_s:  # one rank late
             _judge_waiting(at, record, result["late_s"], late_s)
+        if record["unwaited"] > 0:
+            raise ExerciseFailed(
+                f"{at}: sync_gradients() returned without waiting on {record['unwaited']} of "
+                "this step's all-reduces (no work.wait(), nor a wait on its Future). Their sums "
+                "may not be there yet (here a later collective happened to finish after them, "
+                "which nothing promises): sync_gradients() must wait on every work handle "
+                "before it reads the buffers.")
         if record["changed_after"]:
             raise ExerciseFailed(
                 f"{at}: {record['changed_after']}'s gradient changed after sync_gradients() "
