@@ -83,13 +83,13 @@ def _backward(model: nn.Module, batch: tuple) -> None:
     F.mse_loss(model(x), target).backward()
 
 
-def mean_gradients(model: nn.Module, batches: list) -> list:
+def mean_gradients(model: nn.Module, rank_batches: list) -> list:
     """What DDP leaves in each ``.grad``, computed in the checker's process: each rank's
     gradient of its own batch, their mean; None where no rank has a gradient (a frozen
     parameter, or one that forward never uses: DDP with ``find_unused_parameters=True``
-    leaves those None too, as section 3 of the notebook shows)."""
+    leaves those None too)."""
     per_rank = []
-    for batch in batches:
+    for batch in rank_batches:
         replica = copy.deepcopy(model)
         _backward(replica, batch)
         per_rank.append([p.grad for p in replica.parameters()])

@@ -5,7 +5,11 @@ The accuracy's checker builds a random classifier and a data set whose size no w
 divides (a fresh seed per check), counts the samples the model's forward sees on each rank
 and the collectives each rank issues (at the dispatcher: any form counts), and compares
 with one process's accuracy, computed in the checker's process: on several ranks, a rank
-that never communicated cannot know the others' counts. The shard's checker switches
+that never communicated cannot know the others' counts. Every rank holds the whole data set
+and the same model (the exercise says so), so what a rank evaluated is told by its model's
+forward, counted in ``forward`` itself (``model(x)`` and ``model.forward(x)`` alike); a rank
+that redoes the model's arithmetic from its weights, around forward, and sends a collective
+of nothing is beyond what any count can see. The shard's checker switches
 ``DistributedSampler`` off while the learner's code runs and compares, in its own process,
 with DistributedSampler's shards for each rank, on data set sizes that no world size
 divides and sizes smaller than the world (ranks whose whole shard is padding).
