@@ -126,9 +126,22 @@ def sandbox_user() -> tuple[int, int]:
         return os.geteuid(), os.getegid()
     try:
         entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
+        uid, gid = entry.pw_uid, entry.pw_gid
     except KeyError:
-        return NOBODY, NOBODY
+        uid, gid = NOBODY, NOBODY
+    if not _mapped(uid, "/proc/self/uid_map") or not _mapped(gid, "/proc/self/gid_map"):
+        raise SandboxUnavailable(
+            f"the grader runs as root of a user namespace that does not map nobody ({uid}), "
+            "and root's sandbox runs the command as nobody: run the grader as root of the "
+            "machine (or of a container), or as an unprivileged user")
+    return uid, gid
+
+
+def _mapped(number: int, table: str) -> bool:
+    """Whether this user namespace maps ``number`` (uid_map's rows: inside, outside, count)."""
+    with open(table) as rows:
+        return any(int(start) <= number < int(start) + int(count)
+                   for start, _, count in (row.split() for row in rows))
 
 
 def _start(orders: dict, status_write: int) -> subprocess.Popen:

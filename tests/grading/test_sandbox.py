@@ -433,3 +433,59 @@ def test_an_unprivileged_grader_sandboxes_as_itself(their_folder, other_user):
     assert report[str(REPO / "README.md")] in (13, 30), report
     assert 10 <= report["bomb"] < 16, report  # its own processes: at most 16, init's aside
     assert outside.read_text().startswith("the user's own file")
+
+
+# -- where the kernel refuses ------------------------------------------------------------
+REFUSING = f"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+unshared_read, unshared_write = os.pipe()
+mapped_read, mapped_write = os.pipe()
+child = os.fork()
+if child == 0:  # a user namespace (root and nobody mapped) where no further one may be made
+    assert libc.unshare(0x10000000) == 0
+    os.write(unshared_write, b'u')
+    os.read(mapped_read, 1)
+    with open('/proc/sys/user/max_user_namespaces', 'w') as setting:
+        setting.write('0')
+    os.execv({PYTHON!r}, [{PYTHON!r}, '-c', sys.argv[1], sys.argv[2], 'true'])
+os.read(unshared_read, 1)
+for table in ('uid_map', 'gid_map'):
+    with open(f'/proc/{{child}}/{{table}}', 'w') as rows:
+        rows.write('0 0 1\\n65534 65534 1\\n')
+os.write(mapped_write, b'm')
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
+
+
+def test_where_user_namespaces_are_refused_the_error_names_the_setting(folders):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the refusing user namespace is made by root's maps")
+    mine, _ = folders
+    done = subprocess.run([PYTHON, "-c", REFUSING, CALLER, str(mine)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("ddp_lab.grading.sandbox.SandboxUnavailable: unshare() failed"), said
+    assert "(the setting user.max_user_namespaces = 0 refuses it)" in said
+    assert "kernel.apparmor_restrict_unprivileged_userns=0" in said
+
+
+# -- ddp_lab inside ----------------------------------------------------------------------
+def test_ddp_lab_runs_its_ranks_inside(folders):
+    """The launcher nests its own namespaces (user + network) inside the sandbox's: the
+    fork server and two gloo ranks run and reduce."""
+    mine, _ = folders
+    done = python("""
+        import torch, torch.distributed as dist
+        import ddp_lab
+
+        def total():
+            value = torch.tensor([float(dist.get_rank() + 1)])
+            dist.all_reduce(value)
+            return value.item()
+
+        print(ddp_lab.run(total, world_size=2, echo=False).values)
+        """, mine, memory_bytes=2 * GIB, max_processes=256)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[3.0, 3.0]", done.stdout
