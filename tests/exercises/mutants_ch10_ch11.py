@@ -695,3 +695,60 @@ MUTANTS += [
     ("11.row_parallel", partial_and_a_dummy_all_reduce,
      re.escape("only this rank's partial product")),
 ]
+
+
+# 10.shard_gradient: cheats -------------------------------------------------------------------
+
+def _zeros_reduce_scattered(flat: torch.Tensor) -> None:
+    """A dummy of the right size: one reduce-scatter of zeros shaped like the padded
+    gradient."""
+    dist.reduce_scatter_single(_empty_shard(flat), torch.zeros_like(flat))
+
+
+def _gradients_around(g, through: str):
+    flat, world = _padded(g), dist.get_world_size()
+    average = sum(everyones(flat, through)) / world
+    _zeros_reduce_scattered(flat)
+    return average.chunk(world)[dist.get_rank()]
+
+
+def gradients_through_the_store(g):
+    return _gradients_around(g, "store")
+
+
+def gradients_through_files(g):
+    return _gradients_around(g, "files")
+
+
+def gradients_through_a_thread(g):
+    return _gradients_around(g, "thread")
+
+
+def shard_from_the_checkers_seed(g):
+    """The average from the checker's seed, if a frame above holds it, and a dummy
+    reduce-scatter; with nothing found, its own part."""
+    flat, world, rank = _padded(g), dist.get_world_size(), dist.get_rank()
+    _zeros_reduce_scattered(flat)
+    seed = seed_above()
+    if seed is None:
+        return flat.chunk(world)[rank]
+    from ddp_lab.course.ch10_sharding.shard_exercise import _expected
+    shapes = [want["shape"] for want in _expected(seed, world, rank)]
+    return _expected(seed, world, rank)[shapes.index(tuple(g.shape))]["expected"]
+
+
+def own_part_and_a_dummy_reduce_scatter(g):
+    flat = _padded(g)
+    _zeros_reduce_scattered(flat)
+    return flat.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+MUTANTS += [
+    ("10.shard_gradient", gradients_through_the_store, CLOSED),
+    ("10.shard_gradient", gradients_through_files, CLOSED),
+    ("10.shard_gradient", gradients_through_a_thread, CLOSED),
+    ("10.shard_gradient", shard_from_the_checkers_seed,
+     CLOSED + "|" + re.escape("that is this rank's own gradient")),
+    ("10.shard_gradient", own_part_and_a_dummy_reduce_scatter,
+     re.escape("that is this rank's own gradient")),
+]

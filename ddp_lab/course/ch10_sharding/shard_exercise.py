@@ -3,9 +3,10 @@
 The check runs the learner's ``shard_gradient`` on 1 to 4 ranks, on a gradient whose size
 does not split evenly, one smaller than the world (the last ranks' shards are all padding)
 and a random one, with the all-reduce, the all-gather and the reduce switched off in every
-form. It compares each rank's shard with one process's average, then the cost that
-CollectiveTrace recorded: one collective, and no more bytes than a reduce-scatter sends
-((n-1)/n of the padded gradient per rank), in the gradient's own dtype. N broadcasts of the
+form. The gradients are made in the checker's process, each rank dealt only its own; there it
+compares each rank's shard with the average, then the cost that CollectiveTrace recorded: one
+collective, and as many bytes as a reduce-scatter sends ((n-1)/n of the padded gradient per
+rank), no more and no fewer, in the gradient's own dtype. N broadcasts of the
 whole gradient, or an all-to-all of whole copies, give the right shard at n times the cost.
 """
 
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.driver import each_world, generator, new_seed, tensor_problem
+from ddp_lab.exercises.sealed import deal
 from ddp_lab.scratch.fsdp import padded_flat
 
 FORBIDDEN = ("all_reduce", "all_gather", "reduce")
@@ -67,26 +69,46 @@ def _call(fn, grad: torch.Tensor):
         raise
 
 
-def _shard_trial(fn, seed: int) -> list:
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _gradients(seed: int, world: int) -> list[list[torch.Tensor]]:
+    """Every trial's gradient on every rank, ``[trial][rank]``."""
+    return [[torch.randn(_shape(seed, trial), generator=generator(seed, trial, r))
+             for r in range(world)] for trial in range(TRIALS)]
+
+
+def _dealt(seed: int, world: int):
+    """Made here, in the checker's process: each rank gets its own gradients only."""
+    every = _gradients(seed, world)
+    return deal([[grads[rank] for grads in every] for rank in range(world)])
+
+
+def _shard_trial(fn, dealt) -> list:
+    """The learner's function on each of this rank's gradients: what it returned and what
+    it sent; the expected shards are the checker's."""
     results = []
-    for trial in range(TRIALS):
-        shape = _shape(seed, trial)
-        grads = [torch.randn(shape, generator=generator(seed, trial, r)) for r in range(world)]
+    for grad in dealt.take():
         with CollectiveTrace(forbid=FORBIDDEN, why=WHY) as trace:
-            got = _call(fn, grads[rank].clone())
+            got = _call(fn, grad)
         if isinstance(got, torch.Tensor):
             got = got.detach().clone()  # an AsyncCollectiveTensor waits here, a plain one copies
-        average = padded_flat(torch.stack(grads).mean(0), world)
-        results.append({"shape": shape, "got": got, "expected": average.chunk(world)[rank],
-                        "own": padded_flat(grads[rank], world).chunk(world)[rank],
-                        "chunks": average.chunk(world), "padded_bytes": average.numel() * 4,
-                        "calls": [(c.family, sent(c), c.dtype) for c in trace.moving_data()]})
+        results.append({"got": got, "calls": [(c.family, sent(c), c.dtype)
+                                               for c in trace.moving_data()]})
     return results
 
 
+def _expected(seed: int, world: int, rank: int) -> list[dict]:
+    """Per trial: the shape, this rank's averaged shard, its own gradient's part, every
+    rank's shard, and the padded gradient's bytes."""
+    found = []
+    for trial, grads in enumerate(_gradients(seed, world)):
+        average = padded_flat(torch.stack(grads).mean(0), world)
+        found.append({"shape": _shape(seed, trial), "expected": average.chunk(world)[rank],
+                      "own": padded_flat(grads[rank], world).chunk(world)[rank],
+                      "chunks": average.chunk(world), "padded_bytes": average.numel() * 4})
+    return found
+
+
 def _shard_problem(r: dict, rank: int, n: int) -> str | None:
-    got, want = r["got"], r["expected"]
+    got, want = r["got"], r["expected"]  # r: what the rank returned, and what it should
     narrow = sorted({str(dtype) for _, _, dtype in r["calls"]
                      if dtype is not None and dtype.itemsize < 4})
     if narrow:
@@ -124,6 +146,12 @@ def _cost_problem(r: dict, n: int) -> str | None:
         return (f"this rank sent about {total:.0f} bytes ({made or 'point-to-point'}); a "
                 f"reduce-scatter sends {budget:.0f}, (n-1)/n of the padded gradient: each "
                 "rank needs only its own part of the sum, not every rank's whole gradient")
+    if total < 0.99 * budget:
+        return (f"the right shard, but this rank sent only {total:.0f} bytes "
+                f"({made or 'point-to-point' if r['calls'] else 'nothing'}), where its parts "
+                f"for the other ranks take {budget:.0f} ((n-1)/n of the padded gradient): "
+                "every other rank needs this rank's part of the sum, sent by your function's "
+                "collective")
     return None
 
 
@@ -131,13 +159,14 @@ def check_shard_gradient(fn) -> str:
     seed = new_seed()
 
     def judge(results: list, rank: int, n: int) -> str | None:
-        for r in results:
+        for got, want in zip(results, _expected(seed, n, rank)):
+            r = {**want, **got}
             problem = _shard_problem(r, rank, n) or (_cost_problem(r, n) if n > 1 else None)
             if problem:
                 return f", a gradient of shape {r['shape']}: {problem}"
         return None
 
-    each_world(_shard_trial, (fn, seed), judge, seed,
+    each_world(_shard_trial, lambda n: (fn, _dealt(seed, n)), judge, seed,
                hang_hint="Every rank must call the same collective with tensors of the same "
                          "size.")
     return (f"every rank got its averaged shard, {TRIALS} shapes (uneven, smaller than the "
