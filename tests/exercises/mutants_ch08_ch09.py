@@ -605,3 +605,17 @@ MUTANTS += [
     ("08.stop_together", counts_walked_up_to, "agree on that number|hung"),
     ("08.stop_together", agreed_through_the_store, "Store.set is closed"),
 ]
+
+
+def node_sum_numpy(value, local_world_size):
+    """The node's sum as a numpy float64 (a float subclass): right."""
+    import numpy
+    return numpy.float64(node_sum_group_method(value, local_world_size))
+
+
+def node_sum_as_string(value, local_world_size):
+    return str(node_sum_group_method(value, local_world_size))
+
+
+RIGHT += [("09.node_sum", node_sum_numpy)]
+MUTANTS += [("09.node_sum", node_sum_as_string, "a Python float\\), got str")]

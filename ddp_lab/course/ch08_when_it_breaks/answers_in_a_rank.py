@@ -70,10 +70,13 @@ PLAIN = (type(None), bool, int, float, str)
 
 def plain(value):
     """In the rank: ``value`` as plain data for the checker: Python numbers, strings and None
-    as they are, a tensor as a plain tensor (a copy, of torch.Tensor itself), lists and tuples
-    item by item, anything else (a subclass of these too) as :class:`Other`."""
+    as they are (a float subclass such as numpy.float64 as its float), a tensor as a plain
+    tensor (a copy, of torch.Tensor itself), lists and tuples item by item, anything else (a
+    subclass of these too) as :class:`Other`."""
     if type(value) in PLAIN:
         return value
+    if isinstance(value, float):  # numpy.float64 and other float subclasses: their value
+        return float.__float__(value)
     if type(value) is torch.Tensor:
         return value.detach().clone()
     if type(value) in (list, tuple):

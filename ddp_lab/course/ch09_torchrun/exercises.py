@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 from ddp_lab.course.collective_trace import (FAMILY_OF, NAMESPACES, NOT_COLLECTIVES,
                                              BuiltinSwitchedOff, CollectiveTrace)
-from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import plain
+from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import Other, plain
 from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
 from ddp_lab.exercises.driver import tensor_problem
 from ddp_lab.exercises.driver import where as on
@@ -38,7 +38,7 @@ DEFAULT_OFF = ("pass group= one of the groups you made with dist.new_group (or c
                "group's own method)")
 # dist.new_group is the exercise, and it agrees on the group through the store (a
 # PrefixStore, Store.add): the store stays open.
-NEW_GROUP_DOORS = ("store",)
+NEW_GROUP_DOORS = ()  # the seal lets torch's new_group reach the store, and nothing else
 UNGROUPED = ("send", "recv", "barrier")  # point to point names its peer; a barrier moves nothing
 
 
@@ -143,6 +143,9 @@ def check_node_sum(fn) -> str:
         for rank, (got, talks) in enumerate(values):
             node = rank // local
             expected = sum(everybody[node * local:(node + 1) * local])
+            if isinstance(got, Other):
+                raise ExerciseFailed(f"{where}, rank {rank}: expected the node's sum (a Python "
+                                     f"float), got {got!r}")
             if isinstance(got, bool) or not isinstance(got, (int, float)):
                 said = number_problem(got, expected, "the node's sum")
                 raise ExerciseFailed(f"{where}, rank {rank}: {said}")
