@@ -752,3 +752,55 @@ MUTANTS += [
     ("10.shard_gradient", own_part_and_a_dummy_reduce_scatter,
      re.escape("that is this rank's own gradient")),
 ]
+
+
+# 10.zero1_step: cheats -----------------------------------------------------------------------
+
+def _zeros_broadcast(params, owners) -> None:
+    """Dummies of the right size: each parameter's bytes broadcast from its owner, zeros."""
+    for p, owner in zip(params, owners):
+        dist.broadcast(torch.zeros_like(p.data), src=owner)
+
+
+def _values_around(params, owners, local_optimizer, through: str) -> None:
+    if local_optimizer is not None:
+        local_optimizer.step()
+    rank = dist.get_rank()
+    mine = {k: p.detach().clone() for k, (p, owner) in enumerate(zip(params, owners))
+            if owner == rank}
+    every = everyones(mine, through)
+    _zeros_broadcast(params, owners)
+    for k, (p, owner) in enumerate(zip(params, owners)):
+        p.data.copy_(every[owner][k])
+
+
+def parameters_through_the_store(params, owners, local_optimizer):
+    _values_around(params, owners, local_optimizer, "store")
+
+
+def parameters_through_files(params, owners, local_optimizer):
+    _values_around(params, owners, local_optimizer, "files")
+
+
+def parameters_through_a_thread(params, owners, local_optimizer):
+    _values_around(params, owners, local_optimizer, "thread")
+
+
+def parameters_from_the_checkers_seed(params, owners, local_optimizer):
+    """The reference's values from the checker's seed, if a frame above holds it, and
+    dummy broadcasts; with nothing found, the owner's step alone."""
+    if local_optimizer is not None:
+        local_optimizer.step()
+    _zeros_broadcast(params, owners)
+    seed = seed_above()
+    if seed is not None:  # a tripwire: the rejection then names this, not a mistake
+        raise AssertionError(f"the checker's seed {seed} reached the learner's function")
+
+
+MUTANTS += [
+    ("10.zero1_step", parameters_through_the_store, CLOSED),
+    ("10.zero1_step", parameters_through_files, CLOSED),
+    ("10.zero1_step", parameters_through_a_thread, CLOSED),
+    ("10.zero1_step", parameters_from_the_checkers_seed,
+     CLOSED + "|" + re.escape("from its owner")),
+]

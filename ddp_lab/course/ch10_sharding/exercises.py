@@ -1,11 +1,12 @@
 """Notebook 10's exercises: ZeRO-1's step, and the reduce-scatter of one gradient (ZeRO-2/3).
 
-Each check draws a seed, builds random shapes and values from it, runs the learner's function
-on 1 to 4 real ranks with the built-ins it replaces switched off, and compares every rank's
-result with what one process computes from all ranks' inputs. Both exercises are about what
-travels, so both are also judged by the cost that CollectiveTrace records at the dispatcher
-(however the collective was reached): ZeRO-1's step sends each parameter once, from its owner;
-the gradient's shard costs one reduce-scatter. The second exercise lives in shard_exercise.py.
+Each check draws a seed, builds random shapes and values from it in its own process, deals
+each rank only its own inputs, runs the learner's function on 1 to 4 real ranks with the
+built-ins it replaces switched off, and compares every rank's result, in its own process,
+with what one process computes from all ranks' inputs. Both exercises are about what travels,
+so both are also judged by the cost that CollectiveTrace records at the dispatcher (however
+the collective was reached), from above and below: ZeRO-1's step sends each parameter once,
+from its owner; the gradient's shard costs one reduce-scatter. The second exercise lives in shard_exercise.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refused_everywhere, refusing, replaced
 from ddp_lab.exercises.driver import each_world, generator, new_seed
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 from ddp_lab.scratch.sharded_optimizer import ShardedOptimizer, partition, zero1_step
 
 STEPS = 3
@@ -60,45 +62,59 @@ def _gradient(shape, seed: int, step: int, rank: int, k: int) -> torch.Tensor:
     return torch.round(g * 256) / 256
 
 
-def _set_grads(params, count: int, seed: int, step: int, rank: int) -> None:
-    for k in range(count):
-        params[k].grad = _gradient(params[k].shape, seed, step, rank, k)
-
-
-def _zero1_trial(fn, seed: int) -> list[dict]:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    return [_zero1_phase(fn, seed, rank, world, layout) for layout in _layouts(world)]
-
-
-def _zero1_phase(fn, seed: int, rank: int, world: int, layout: tuple[int, bool]) -> dict:
-    """Every step: random gradients per rank, averaged (as DDP would), then the learner's
-    step under a CollectiveTrace; returns every parameter after every step, the owners, the
-    reference's values and what each step moved."""
+def _phase(seed: int, world: int, layout: tuple[int, bool]) -> dict:
+    """One phase's inputs, made in the checker's process: the parameters' initial values and,
+    per step, the averaged gradients (what DDP's all-reduce would leave on every rank)."""
     count = layout[0]
-    params, ref = _random_params(seed, layout), _random_params(seed, layout)
+    initial = [p.detach() for p in _random_params(seed, layout)]
+    grads = [[sum(_gradient(initial[k].shape, seed, step, r, k) for r in range(world)) / world
+              for k in range(count)] for step in range(STEPS)]
+    return {"layout": layout, "initial": initial, "grads": grads}
+
+
+def _dealt(seed: int, world: int):
+    """Every rank is dealt the same parameters and averaged gradients: ranks that ran DDP's
+    all-reduce hold just that. The updated values are the checker's, computed here."""
+    phases = [_phase(seed, world, layout) for layout in _layouts(world)]
+    return deal([phases] * world)
+
+
+def _zero1_trial(fn, dealt) -> list[dict]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return [_zero1_phase(fn, phase, rank, world) for phase in dealt.take()]
+
+
+def _zero1_phase(fn, phase: dict, rank: int, world: int) -> dict:
+    """Every step: the averaged gradients, then the learner's step under a CollectiveTrace;
+    returns every parameter after every step, the owners and what each step moved."""
+    count, extras = phase["layout"]
+    params = [t.clone().requires_grad_(not (extras and k == count))  # one frozen
+              for k, t in enumerate(phase["initial"])]
     owners = partition([p.numel() for p in params], world)
     mine = [p for p, owner in zip(params, owners) if owner == rank]
     local = torch.optim.Adam(mine, lr=0.1) if mine else None
-    ref_optimizer = torch.optim.Adam(ref, lr=0.1)
     history, moved = [], []
-    for step in range(STEPS):
-        _set_grads(params, count, seed, step, rank)
-        for k in range(count):
-            dist.all_reduce(params[k].grad)
-            params[k].grad /= world
-        with _no_sharded_optimizer(fn), CollectiveTrace(forbid=("all_reduce", "reduce_scatter"),
+    for grads in phase["grads"]:
+        for p, grad in zip(params, grads):
+            p.grad = grad.clone()
+        with _no_sharded_optimizer(), CollectiveTrace(forbid=("all_reduce", "reduce_scatter"),
                                                       why=FORBIDDEN_WHY) as trace:
             _call_step(fn, params, owners, local)
         moved.append(_moved(trace))
-        for k in range(count):
-            ref[k].grad = sum(_gradient(ref[k].shape, seed, step, r, k)
-                              for r in range(world)) / world
-        ref_optimizer.step()
-        history.append(([p.detach().clone() for p in params], [p.detach().clone() for p in ref]))
-    return {"owners": owners, "history": history, "moved": moved,
-            "initial": [p.detach() for p in _random_params(seed, layout)],
-            "all_bytes": sum(p.numel() * p.element_size() for p in params),
-            "trained_bytes": sum(p.numel() * p.element_size() for p in params[:count])}
+        history.append([p.detach().clone() for p in params])
+    return {"owners": owners, "history": history, "moved": moved}
+
+
+def _reference(phase: dict) -> list[list[torch.Tensor]]:
+    """One process's Adam over every parameter, step by step: what every rank must hold."""
+    params = [t.clone().requires_grad_() for t in phase["initial"]]
+    optimizer, history = torch.optim.Adam(params, lr=0.1), []
+    for grads in phase["grads"]:
+        for p, grad in zip(params, grads):
+            p.grad = grad.clone()
+        optimizer.step()
+        history.append([p.detach().clone() for p in params])
+    return history
 
 
 FORBIDDEN_WHY = ("the gradients are already averaged; only the updated parameters need to "
@@ -125,31 +141,30 @@ def _moved(trace: CollectiveTrace) -> dict:
             "dtypes": sorted({str(c.dtype) for c in calls if c.dtype is not None})}
 
 
-def _no_sharded_optimizer(fn):
+def _no_sharded_optimizer():
     """The scratch ShardedOptimizer's step refuses while the learner's step runs (patched
     on the class, which every imported name shares), and so does the scratch zero1_step it
-    calls, however it is imported (unless it is what is checked: it is the reference).
+    calls, however it is imported (the reference too: a solved cell is its own function).
     torch's ZeroRedundancyOptimizer is no shortcut for a step over given parameters."""
     why = "write ZeRO-1's step yourself: the local step, then the parameters travel"
     stack = contextlib.ExitStack()
     stack.enter_context(replaced(ShardedOptimizer, "step", refusing("ShardedOptimizer.step",
                                                                     why)))
-    if fn is not zero1_step:
-        stack.enter_context(refused_everywhere(zero1_step,
-                                               "scratch.sharded_optimizer.zero1_step", why))
+    stack.enter_context(refused_everywhere(zero1_step, "scratch.sharded_optimizer.zero1_step",
+                                           why))
     return stack
 
 
-def _mismatches(phases: list[dict]) -> list[tuple]:
+def _mismatches(phases: list[dict], phase: dict) -> list[tuple]:
     """(rank, step, index, got, expected, previous, owner) of every parameter value that
     differs from the reference, over every rank's run of one phase, in order."""
-    found = []
-    for rank, phase in enumerate(phases):
+    found, reference = [], _reference(phase)
+    for rank, run in enumerate(phases):
         previous = phase["initial"]
-        for step, (got, expected) in enumerate(phase["history"]):
+        for step, (got, expected) in enumerate(zip(run["history"], reference)):
             for k, (g, e) in enumerate(zip(got, expected)):
                 if not torch.allclose(g, e, rtol=1e-5, atol=1e-6):
-                    found.append((rank, step, k, g, e, previous[k], phase["owners"][k]))
+                    found.append((rank, step, k, g, e, previous[k], run["owners"][k]))
             previous = got
     return found
 
@@ -180,17 +195,17 @@ def _zero1_problem(mismatches: list, dtypes: list) -> str:
             "share the values after the owner's step, from the owner")
 
 
-def _zero1_cost_problem(phases: list[dict], n: int) -> str | None:
+def _zero1_cost_problem(phases: list[dict], phase: dict, n: int) -> str | None:
     """Each step sends each parameter once from its owner to the n - 1 others: a broadcast
     per parameter makes the ranks send (n-1) x the parameters' bytes in all (a ring's
     share per rank, summed; point-to-point sends from the owner add up the same). More is
     a costlier exchange; less, with every value right, means a rank computed what it does
     not own itself."""
-    first = phases[0]
-    for step, made in enumerate(first["moved"]):
-        total = sum(phase["moved"][step]["sent"] for phase in phases)
+    count, nbytes = phase["layout"][0], [t.numel() * t.element_size() for t in phase["initial"]]
+    most, least = (n - 1) * sum(nbytes), (n - 1) * sum(nbytes[:count])
+    for step, made in enumerate(phases[0]["moved"]):
+        total = sum(run["moved"][step]["sent"] for run in phases)
         families = made["families"] or "no collective"
-        most, least = ((n - 1) * first["all_bytes"], (n - 1) * first["trained_bytes"])
         if total > COST_TOLERANCE * most:
             return (f"in step {step} the ranks sent {total:.0f} bytes in all ({families} on "
                     f"rank 0); one broadcast per parameter from its owner sends {most:.0f}: "
@@ -204,14 +219,15 @@ def _zero1_cost_problem(phases: list[dict], n: int) -> str | None:
     return None
 
 
-def _zero1_world_problem(values: list, n: int) -> str | None:
-    for phases in zip(*values):  # one phase, every rank's run of it
+def _zero1_world_problem(values: list, n: int, seed: int) -> str | None:
+    for index, layout in enumerate(_layouts(n)):
+        phase, phases = _phase(seed, n, layout), [runs[index] for runs in values]
         owners = f"{len(phases[0]['owners'])} parameters (owners {phases[0]['owners']})"
-        mismatches = _mismatches(phases)
+        mismatches = _mismatches(phases, phase)
         if mismatches:
             dtypes = sorted({d for p in phases for m in p["moved"] for d in m["dtypes"]})
             return f", {owners}, {_zero1_problem(mismatches, dtypes)}"
-        problem = _zero1_cost_problem(phases, n) if n > 1 else None
+        problem = _zero1_cost_problem(phases, phase, n) if n > 1 else None
         if problem:
             return f", {owners}: {problem}"
     return None
@@ -219,7 +235,8 @@ def _zero1_world_problem(values: list, n: int) -> str | None:
 
 def check_zero1_step(fn) -> str:
     seed = new_seed()
-    each_world(_zero1_trial, (fn, seed), seed=seed, judge_world=_zero1_world_problem,
+    each_world(_zero1_trial, lambda n: (fn, _dealt(seed, n)), seed=seed,
+               judge_world=lambda values, n: _zero1_world_problem(values, n, seed),
                hang_hint="Every rank must take part in the same collectives, in the same "
                          "order, owner or not.")
     return (f"every rank holds what one process's Adam gives, {STEPS} steps on 1 to 4 ranks, "

@@ -22,7 +22,6 @@ import importlib
 import pickle
 
 import torch
-import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.exercises.builtins_off import refused_everywhere, refusing, replaced
