@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,7 @@ from typing import Callable
 from ddp_lab.grading.class_report import write_grades_csv, write_summary_html
 from ddp_lab.grading.one_submission import Budgets, grade_submission
 from ddp_lab.grading.results import SubmissionGrade, write_results_json, write_submission
+from ddp_lab.grading.sandbox import HELPER as SANDBOX_HELPER
 from ddp_lab.grading.submission import COURSE_DIR, read_submission
 
 Progress = Callable[[str], object]
@@ -34,6 +36,22 @@ def submission_names(paths: list[Path]) -> list[str]:
             name = f"{base}-{n}"
         names.append(name)
     return names
+
+
+def stop_sandboxes() -> None:
+    """End the sandboxes this process started and still waits for. Ctrl-C reaches only
+    this process's main thread (each sandbox runs in a session of its own, so the terminal
+    does not signal it); a worker thread waits in ``run_sandboxed`` until its sandbox ends,
+    so end it now: its helper, told SIGTERM, kills the sandbox's whole PID namespace, and
+    ``run_sandboxed`` returns."""
+    import psutil
+    helper = str(SANDBOX_HELPER)
+    for child in psutil.Process().children():
+        try:
+            if helper in child.cmdline():
+                child.send_signal(signal.SIGTERM)
+        except psutil.Error:  # it ended meanwhile
+            pass
 
 
 def check_paths(paths: list[Path]) -> None:
@@ -71,8 +89,15 @@ def grade_class(paths: list[Path], out_dir: Path, *, jobs: int | None = None,
                  f"({grade.seconds:.0f} s)")
         return grade
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
         grades = list(pool.map(one, zip(paths, names)))
+    except BaseException:  # Ctrl-C, SIGTERM made an exception: stop the running ones
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_sandboxes()
+        raise
+    finally:
+        pool.shutdown(wait=True)
     write_grades_csv(grades, out_dir / "grades.csv")
     write_summary_html(grades, out_dir / "summary.html")
     if results_json is not None:

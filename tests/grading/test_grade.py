@@ -14,11 +14,14 @@ import glob
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ddp_lab.grading.grade import grade_class
@@ -118,3 +121,40 @@ def test_the_class_files(graded):
     page = (out / "summary.html").read_text()
     assert "02.shift" in page and "<script" not in page
     assert (out / "right" / "report.md").read_text().startswith("# right")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_grade_stops_its_sandboxes_and_leaves_nothing(tmp_path, signum):
+    """Ctrl-C (or SIGTERM) while a kernel loops for ever: the grader ends within seconds,
+    not at the cell's 120 s, with no sandbox, process or temp folder left."""
+    before = _grade_temp_folders()
+    grader = subprocess.Popen(
+        [sys.executable, "-m", "ddp_lab", "grade", str(CLASS / "loop_forever.ipynb"),
+         "--out", str(tmp_path / "out"), "--cell-timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _running_sandbox(grader.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _running_sandbox(grader.pid), "no sandbox started within 60 s"
+        time.sleep(3)  # the kernel is in its loop by now, or about to be
+        started = time.monotonic()
+        grader.send_signal(signum)
+        _, err = grader.communicate(timeout=60)
+    finally:
+        if grader.poll() is None:
+            grader.kill()
+            grader.wait()
+    assert time.monotonic() - started < 20, err
+    assert grader.returncode == 130, err
+    assert "interrupted" in err
+    assert _grade_temp_folders() <= before
+
+
+def _running_sandbox(pid: int) -> bool:
+    try:
+        return any("sandbox_helper" in " ".join(c.cmdline())
+                   for c in psutil.Process(pid).children())
+    except psutil.Error:
+        return False

@@ -18,7 +18,7 @@ def add_bench(sub) -> None:
         "loaded machine skews the figures: run them when it is quiet.")
     which = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for add in (_add_launch, _add_allreduce, _add_ddp, _add_buckets, _add_network,
-                _add_ranks, _add_ddp_network):
+                _add_ranks, _add_ddp_network, _add_grade):
         add(which)
 
 
@@ -114,6 +114,23 @@ def _add_ddp_network(which) -> None:
         "first unless you name them; --out saves the figure.")
     bench_ddp_network.add_arguments(p)
     p.set_defaults(handler=_cmd_ddp_network)
+
+
+def _add_grade(which) -> None:
+    from ddp_lab.tools import bench_grade
+    p = add_command(
+        which, "grade", "ddp-lab grade on a class of 20 submissions: seconds per submission",
+        "Grade a class of submissions (notebooks 00, 02 and 03, some solved, some not) as "
+        "`ddp-lab grade` does, sandboxed, several at a time, and report the wall time, the "
+        "seconds per submission and the target: 20 submissions under 10 minutes on 2 "
+        "cores. Exits 1 when it is missed or a grade is wrong.")
+    bench_grade.add_arguments(p)
+    p.set_defaults(handler=_cmd_grade)
+
+
+def _cmd_grade(args: argparse.Namespace) -> int:
+    from ddp_lab.tools import bench_grade
+    return bench_grade.main(args)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ The handler imports the grader when it runs, so ``--help`` starts without torch.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def _cmd_grade(args: argparse.Namespace) -> int:
     from ddp_lab.grading.grade import grade_class
     from ddp_lab.grading.one_submission import GIB, Budgets
     from ddp_lab.grading.submission import COURSE_DIR
+    signal.signal(signal.SIGTERM, _interrupted)  # stop the sandboxes, remove the folders
     try:
         budgets = Budgets(cell_s=args.cell_timeout, kernel_s=args.kernel_timeout,
                           check_s=args.check_timeout,
@@ -57,6 +59,14 @@ def _cmd_grade(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"ddp-lab grade: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ddp-lab grade: interrupted; the submissions graded so far have their "
+              f"results in {args.out}", file=sys.stderr)
+        return 130
     print(f"{len(grades)} submission{'s' if len(grades) != 1 else ''} graded: "
           f"{args.out / 'grades.csv'}, {args.out / 'summary.html'}")
     return 0
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
