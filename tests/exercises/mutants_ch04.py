@@ -22,6 +22,8 @@ from torch.distributed import (all_reduce, broadcast, irecv, isend, recv, reduce
                                reduce_scatter_tensor, send)
 from torch.distributed.distributed_c10d import _get_default_group
 
+from ddp_lab.course.ch04_allreduce import allreduce as ar
+
 
 # -- 04 --------------------------------------------------------------------------------------
 def whole_tensor_to_everyone(tensor):
@@ -265,7 +267,9 @@ def through_the_store(tensor):
     return total.chunk(world)[rank]
 
 
-# -- 04: cheats a grade must stop ----------------------------------------------------------------
+# -- 04: cheats a grade must stop --------------------------------------------------------------
+# Those that walk f_back from inspect.currentframe() are rejected by the value they return, or
+# by the seal where it refuses currentframe() itself: either phrase is accepted.
 def reads_callers_frames(tensor):
     """Looks for the inputs or the seed in the checker's frame, to rebuild the sums."""
     caller = sys._getframe(1).f_locals
@@ -305,7 +309,9 @@ def half_chunks_ring(tensor):
     chunks = [piece.clone() for piece in tensor.chunk(world)]
     for step in range(world - 1):
         outgoing, into = chunks[(rank - step - 1) % world], chunks[(rank - step - 2) % world]
-        half = (into.numel() + 1) // 2
+        half = into.numel() // 2  # a chunk of one element: nothing sent at all
+        if not half:
+            continue
         incoming = torch.empty_like(into[:half])
         for request in (isend(outgoing[:half].contiguous(), (rank + 1) % world),
                         irecv(incoming, (rank - 1) % world)):
@@ -445,7 +451,53 @@ def tree_top_down(tensor, src):
     return data
 
 
+def ring_on_a_link(tensor):
+    """The notebook's own Link (ar.Link), whose exchange posts the send and recv together."""
+    link = ar.Link()
+    rank, world = link.rank, link.world
+    chunks = [piece.clone() for piece in tensor.chunk(world)]
+    for step in range(world - 1):
+        into = chunks[(rank - step - 2) % world]
+        incoming = torch.empty_like(into)
+        link.exchange(chunks[(rank - step - 1) % world], (rank + 1) % world, incoming,
+                      (rank - 1) % world)
+        into += incoming
+    return chunks[rank]
+
+
+def pairwise_exchange(tensor):
+    """Each rank sends chunk j straight to rank j: N - 1 chunks, the ring's bytes."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.chunk(world)
+    total = chunks[rank].clone()
+    incoming = [torch.empty_like(total) for _ in range(world)]
+    requests = [request for peer in range(world) if peer != rank
+                for request in (isend(chunks[peer].contiguous(), peer),
+                                irecv(incoming[peer], peer))]
+    for request in requests:
+        request.wait()
+    for peer in range(world):
+        if peer != rank:
+            total += incoming[peer]
+    return total
+
+
+def tree_on_a_link(tensor, src):
+    link, data = ar.Link(), tensor.clone()
+    relative, mask = (link.rank - src) % link.world, 1
+    while mask < link.world:
+        if relative < mask and relative + mask < link.world:
+            link.send(data, (relative + mask + src) % link.world)
+        elif mask <= relative < 2 * mask:
+            link.recv(data, (relative - mask + src) % link.world)
+        mask *= 2
+    return data
+
+
 RIGHT = [
+    ("04.reduce_scatter", ring_on_a_link),
+    ("04.reduce_scatter", pairwise_exchange),
+    ("04.tree_broadcast", tree_on_a_link),
     ("04.reduce_scatter", ring_with_blocking_calls),
     ("04.reduce_scatter", ring_batched),
     ("04.tree_broadcast", tree_top_down),
@@ -482,7 +534,8 @@ MUTANTS = [
     ("04.tree_broadcast", tree_rooted_at_zero, "should return rank"),
     # cheats a grade must stop
     ("04.reduce_scatter", reads_callers_frames, "frames above your function are closed"),
-    ("04.reduce_scatter", walks_f_back, "you returned your own tensor"),
+    ("04.reduce_scatter", walks_f_back,
+     "you returned your own tensor|frames above your function are closed"),
     ("04.reduce_scatter", ring_of_garbage, "you returned your own tensor"),
     ("04.reduce_scatter", half_chunks_ring, "summed over all ranks"),
     ("04.reduce_scatter", through_a_file, "is closed in this exercise: data moved through "
