@@ -1,12 +1,13 @@
 """The real grading tools on `ddp-lab assign`'s exports: nbgrader releases the stubs and
 autogrades a right and a wrong submission (scores read from its gradebook), `otter assign`
-accepts the master notebook, and the Gradescope zip's run_autograder grades a right
-submission in a stand-in /autograder.
+accepts the master notebook and `otter run` gives a right submission full points, and the
+Gradescope zip's run_autograder grades a right submission in a stand-in /autograder.
 
 nbgrader and Otter come from pyproject's `grading` extra, in their own venv (`make graders`);
 the notebooks run in a kernel of this venv's Python (a kernelspec in a JUPYTER_PATH of the
-test's own), where ddp_lab and torch are. Gradescope's setup.sh installs are skipped: this venv
-stands for the image it builds.
+test's own), where ddp_lab and torch are; the graders' packages come after this venv's on its
+sys.path, since Otter's grading imports otter in the kernel. Gradescope's setup.sh installs
+are skipped: this venv stands for the image it builds.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def tool_env(tmp_path) -> dict[str, str]:
     the test's own, and a `python3` kernelspec that runs this venv's Python."""
     kernel = tmp_path / "jupyter" / "kernels" / "python3"
     kernel.mkdir(parents=True)
+    [graders_site] = GRADERS.glob("lib/python3*/site-packages")
+    start = (f"import sys; sys.path.append({str(graders_site)!r}); "
+             "from ipykernel import kernelapp; kernelapp.launch_new_instance()")
     (kernel / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-c", start, "-f", "{connection_file}"],
         "display_name": "ddp-lab", "language": "python"}))
     return dict(os.environ, PATH=f"{GRADERS / 'bin'}{os.pathsep}{os.environ['PATH']}",
                 JUPYTER_PATH=str(tmp_path / "jupyter"),
@@ -107,7 +111,7 @@ def test_nbgrader_releases_stubs_and_autogrades_right_and_wrong(tmp_path, tool_e
 
 
 @needs_graders
-def test_otter_assign_accepts_the_master_and_strips_the_solutions(tmp_path, tool_env):
+def test_otter_assign_accepts_the_master_and_otter_run_grades_a_right_one(tmp_path, tool_env):
     [master] = export("otter", NOTEBOOKS, tmp_path / "master", f"{ASSIGNMENT}*")
     _run([str(GRADERS / "bin" / "otter"), "assign", master.name, str(tmp_path / "dist")],
          master.parent, tool_env)
@@ -122,6 +126,15 @@ def test_otter_assign_accepts_the_master_and_strips_the_solutions(tmp_path, tool
     assert sorted(tests) == ["tests/ex_02_all_gather.py", "tests/ex_02_shift.py"]
     assert "require_pass('02.shift', my_shift)" in tests["tests/ex_02_shift.py"]
     assert "'points': 1" in tests["tests/ex_02_shift.py"]
+    release = nbformat.read(tmp_path / "dist" / "student" / master.name, as_version=4)
+    nbformat.write(_solved(release), tmp_path / "right.ipynb")
+    (tmp_path / "graded").mkdir()
+    _run([str(GRADERS / "bin" / "otter"), "run", "-a", str(autograder), "-o",
+          str(tmp_path / "graded"), str(tmp_path / "right.ipynb")], tmp_path, tool_env)
+    results = json.loads((tmp_path / "graded" / "results.json").read_text())
+    scores = {t["name"]: (t["score"], t["max_score"]) for t in results["tests"]
+              if t["name"].startswith("ex_")}
+    assert scores == {"ex_02_all_gather": (1.0, 1.0), "ex_02_shift": (1.0, 1.0)}, results
 
 
 def _has_grade_command() -> bool:
