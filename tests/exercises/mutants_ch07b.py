@@ -415,6 +415,16 @@ class SleepsInsteadOfWaiting(_ViewsOfTheBuckets):
         sleep(0.05)
 
 
+class GarbageOfTheRightSize(OwnDDP):
+    """One all-reduce per bucket, of the bucket's size and dtype, in order, during backward:
+    of zeros. Each rank keeps its own gradient, divided by the world size."""
+
+    def _launch(self, k):
+        flat = _flat(self.buckets[k]) / self.world
+        work = dist.all_reduce(torch.zeros_like(flat), async_op=True)
+        self.in_flight.append((work, k, flat))
+
+
 class CallersFrameDDP(OwnDDP):
     """Looks into the frame that calls sync_gradients() for torch's gradients."""
 
@@ -507,6 +517,7 @@ MUTANTS = [
     ("07b.your_own_ddp", BlockingPerParameter, "waited for the other ranks"),
     ("07b.your_own_ddp", NeverWaits, "must wait on every work handle"),
     ("07b.your_own_ddp", SleepsInsteadOfWaiting, "must wait on every work handle"),
+    ("07b.your_own_ddp", GarbageOfTheRightSize, "differs from torch's DDP"),
     ("07b.your_own_ddp", CallersFrameDDP, "frames above your function are closed"),
     ("07b.your_own_ddp", StoreUsedMap, "Store.set is closed"),
 ]
