@@ -2,17 +2,21 @@
 
 The learner's class is used as ``cls(module, bucket_mb=...)``: called like the module,
 ``.sync_gradients()`` before the optimizer step, ``.module`` the wrapped model. On 1-4 ranks,
-bucketed (and per parameter on 1 and 3), ``capstone_trial.run_trial`` trains it next to torch's
-DistributedDataParallel on a model with a frozen layer, a branch some ranks skip, a layer no
-rank uses and a float16 parameter whose summed gradient overflows unless divided first.
+bucketed (and per parameter on 1 and 3), ``capstone_trial.run_trial`` trains it on inputs the
+checker made and dealt, and ``capstone_trial.torchs_trial`` trains torch's
+DistributedDataParallel on the same inputs in ranks of its own; the checker compares. The
+model has a frozen layer, a branch some ranks skip, a layer no rank uses and a float16
+parameter whose summed gradient overflows unless divided first (summing it in float32 is
+right too).
 Every collective is seen at the dispatcher (``BackwardTrace``: ``dist.all_reduce``, imported
 names, process-group methods and functional collectives alike), so the check requires:
 rank 0's state after construction; one all-reduce per bucket (one dtype per bucket), in
 bucket order on every rank, with at most one small extra collective (a map of the parameters
 used); every bucket that can go during backward issued there, without waiting (one rank is
-late in the first step); torch's gradients (None where no rank used a parameter) and
-parameters; ``no_sync()`` as torch's if the class has it; and two backwards without
-``sync_gradients()`` either averaged like torch or refused with an error.
+late in the first step); every all-reduce's work handle waited on before
+``sync_gradients()`` returns (``wait_ledger``); torch's gradients (None where no rank used a
+parameter) and parameters; ``no_sync()`` as torch's if the class has it; and two backwards
+without ``sync_gradients()`` either averaged like torch or refused with an error.
 """
 
 from __future__ import annotations
