@@ -6,7 +6,8 @@ built-ins it replaces switched off, and compares every rank's result, in its own
 with what one process computes from all ranks' inputs. Both exercises are about what travels,
 so both are also judged by the cost that CollectiveTrace records at the dispatcher (however
 the collective was reached), from above and below: ZeRO-1's step sends each parameter once,
-from its owner; the gradient's shard costs one reduce-scatter. The second exercise lives in shard_exercise.py.
+from its owner; the gradient's shard costs one reduce-scatter. The second exercise lives in
+shard_exercise.py.
 """
 
 from __future__ import annotations
