@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddp_lab.grading import sandbox_orders
 from ddp_lab.grading.sandbox_output import KeptBytes
 
 HELPER = Path(__file__).with_name("sandbox_helper.py")
-PACKAGE_HOME = Path(__file__).resolve().parents[2]  # the folder that holds ddp_lab
 OUTPUT_BYTES = 1 << 20  # kept of each of stdout and stderr: half from the start, half from the end
 STATUS_BYTES = 1 << 16
 STOP_GRACE_S = 10.0  # after a stop, how long the helper may take to empty the namespace
@@ -65,58 +65,31 @@ class SandboxResult:
 
 
 def run_sandboxed(argv: list[str], folder: Path, *, wall_s: float, memory_bytes: int,
-                  max_processes: int, env: dict | None = None) -> SandboxResult:
+                  max_processes: int, env: dict | None = None,
+                  hidden: tuple[Path, ...] = ()) -> SandboxResult:
     """Run ``argv`` in ``folder`` (its one writable place, also its working folder),
     killed with every process it started after ``wall_s`` seconds; each process may map
     ``memory_bytes``, and together they may number ``max_processes`` (threads count).
     ``env``: the command's environment (default: PATH, and HOME and TMPDIR in its
-    private /tmp). Raises SandboxUnavailable where namespaces cannot be made."""
-    orders = _orders(argv, folder, wall_s, memory_bytes, max_processes, env)
+    private /tmp). ``hidden``: files and folders it must not see even where the world
+    may read them (the class's other submissions, the grades), besides ``folder``'s
+    neighbours. Raises SandboxUnavailable where namespaces cannot be made, ValueError
+    for a folder or a hidden path the sandbox cannot be built around."""
+    orders = sandbox_orders.orders(argv, folder, wall_s, memory_bytes, max_processes, env,
+                                   hidden, sandbox_user())
     status_read, status_write = os.pipe()
     try:
-        helper = _start(orders, status_write)
+        try:
+            helper = _start(orders, status_write)
+        finally:
+            os.close(status_write)
+        try:
+            outcome = _watch(helper, status_read, time.monotonic() + wall_s)
+        finally:
+            _stop(helper)
     finally:
-        os.close(status_write)
-    try:
-        outcome = _watch(helper, status_read, time.monotonic() + wall_s)
-    finally:
-        _stop(helper)
+        os.close(status_read)
     return _result(outcome, wall_s, memory_bytes, max_processes)
-
-
-def _orders(argv, folder, wall_s, memory_bytes, max_processes, env) -> dict:
-    """The helper's orders, after checking what the caller gave."""
-    if not argv or not all(isinstance(arg, str) for arg in argv):
-        raise ValueError(f"argv must be a non-empty list of strings, not {argv!r}")
-    if wall_s <= 0 or memory_bytes <= 0 or max_processes < 1:
-        raise ValueError("wall_s, memory_bytes and max_processes must be positive "
-                         f"(got {wall_s}, {memory_bytes}, {max_processes})")
-    place = Path(folder).resolve(strict=True)
-    _check_folder(place)
-    if env is None:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    env = {"HOME": "/tmp", "TMPDIR": "/tmp", **env}
-    uid, gid = sandbox_user()
-    needed = sorted({str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix, PACKAGE_HOME)})
-    return {"needed": needed, "argv": list(argv), "folder": str(place), "uid": uid, "gid": gid, "memory_bytes": int(memory_bytes),
-            "max_processes": int(max_processes), "env": env, "caller": os.getpid()}
-
-
-def _check_folder(place: Path) -> None:
-    """The folder must be a folder whose parent can be hidden: not the root, not holding
-    (nor beside) the Python or the ddp_lab package the command needs."""
-    if not place.is_dir():
-        raise ValueError(f"{place} is not a folder: give run_sandboxed the folder the "
-                         "command may write in")
-    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), PACKAGE_HOME]
-    if place.parent == place or place.parent == Path("/"):
-        raise ValueError(f"{place} cannot be sandboxed: its parent would be hidden, and "
-                         "that is the root; use a folder inside a folder of its own")
-    for path in needed:
-        if path == place.parent or place.parent in path.parents or place in path.parents:
-            raise ValueError(f"{place}: its parent is hidden inside the sandbox, and it "
-                             f"holds {path}, which the command needs; put the folder in a "
-                             "folder of its own (a temporary folder, say)")
 
 
 def sandbox_user() -> tuple[int, int]:

@@ -163,7 +163,8 @@ def init_main(orders: dict, lifeline: int) -> int:
         _prctl(PR_SET_DUMPABLE, 0)  # the command cannot ptrace init, nor read its /proc
         kept = orders["kept"]
         sandbox_mounts.build(orders["folder"], kept[orders["folder"]], orders["memory_bytes"],
-                             {path: kept[path] for path in orders["needed"]})
+                             {path: kept[path] for path in orders["needed"]},
+                             orders["hidden"])
         namespaces.loopback_up()
         namespaces.name_loopback()
         leave_session_keyring()

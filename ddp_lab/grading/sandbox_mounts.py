@@ -38,12 +38,13 @@ class MountRefused(OSError):
     """A step of building the sandbox's file system failed; the message says which."""
 
 
-def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int]) -> None:
+def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int],
+          hidden: list[str]) -> None:
     """Give this process's (new) mount namespace the sandbox's view: ``folder`` is an
     absolute, resolved path, ``kept`` a descriptor of it opened in this mount
     namespace before the change of user (nobody may not reach it by its path), ``scratch_bytes`` the size
     of each private tmpfs, ``needed`` the folders the command needs (the Python, the
-    package) with descriptors opened like ``kept``. Runs in the new PID namespace (its
+    package) with descriptors opened like ``kept``, ``hidden`` paths to cover. Runs in the new PID namespace (its
     /proc shows that one)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do reaches the machine's
     for point, options in _mount_points():
@@ -55,10 +56,27 @@ def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int]) ->
     if os.path.isdir("/dev/pts"):  # the machine's terminals, the grader's among them
         mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=620")
+    for path in hidden:
+        conceal(path)
     for path, descriptor in needed.items():
         if not os.access(path, os.R_OK | os.X_OK):
             expose(path, descriptor)
     put_back(folder, kept)
+
+
+def conceal(path: str) -> None:
+    """Cover ``path``: a folder with an empty read-only tmpfs, a file with /dev/null;
+    nothing where the command could not reach it anyway (a fresh tmpfs, a folder it
+    cannot enter)."""
+    if any(path == place or path.startswith(place + "/") for place in FRESH):
+        return
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path):
+        tmpfs(path, "size=4k,mode=755")
+    else:
+        mount("/dev/null", path, None, MS_BIND)
+    read_only(path)
 
 
 def expose(path: str, kept: int) -> None:

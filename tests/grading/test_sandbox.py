@@ -489,3 +489,53 @@ def test_ddp_lab_runs_its_ranks_inside(folders):
         """, mine, memory_bytes=2 * GIB, max_processes=256)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[3.0, 3.0]", done.stdout
+
+
+def test_a_daemon_left_behind_dies_with_the_command(folders):
+    """The command ends at once, leaving a daemon (a new session, SIGTERM and SIGHUP
+    ignored, its output closed): the run ends with the command, and the daemon with it."""
+    mine, _ = folders
+    start = time.monotonic()
+    done = python(SAY_NAMESPACES + """
+import os, signal, subprocess, sys
+daemon = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+          "signal.signal(signal.SIGHUP, signal.SIG_IGN); os.close(1); os.close(2); "
+          "open('daemon-started', 'w').close(); time.sleep(600)")
+subprocess.Popen([sys.executable, '-c', daemon], start_new_session=True)
+while not os.path.exists('daemon-started'):
+    pass
+""", mine)
+    assert done.returncode == 0 and not done.timed_out, done
+    assert time.monotonic() - start < 20
+    assert_namespaces_gone(namespaces_in(done.stdout))
+
+
+def test_hidden_paths_are_out_of_sight(folders):
+    """The grader hides what the world may read but a submission must not: the class's
+    other notebooks, the grades (here in a folder under /var/tmp, which the sandbox
+    keeps, read-only, unlike /tmp)."""
+    import shutil
+    import tempfile
+    mine, _ = folders
+    grades = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-test-", dir="/var/tmp"))
+    try:
+        os.chmod(grades, 0o755)
+        (grades / "grades.csv").write_text("someone,10")
+        (grades / "other.ipynb").write_text("{}")
+        os.chmod(grades / "grades.csv", 0o644)
+        done = python(f"""
+            import os
+            folder = {str(grades)!r}
+            print(os.path.isdir(folder), sorted(os.listdir(folder)))
+            """, mine, hidden=(grades / "missing",))
+        assert done.stdout.strip() == "True ['grades.csv', 'other.ipynb']", done
+        done = python(f"print(open({str(grades / 'grades.csv')!r}).read())", mine,
+                      hidden=(grades / "grades.csv",))  # covered by /dev/null, unopenable
+        assert "PermissionError" in done.stderr and "someone" not in done.stdout, done
+        done = python(f"print(sorted(__import__('os').listdir({str(grades)!r})))", mine,
+                      hidden=(grades,))
+        assert done.stdout.strip() == "[]", done
+        with pytest.raises(ValueError, match="it holds"):
+            run_sandboxed(["true"], mine, hidden=(mine.parent,), **BUDGET)
+    finally:
+        shutil.rmtree(grades)
