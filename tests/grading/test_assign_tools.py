@@ -143,7 +143,12 @@ def _has_grade_command() -> bool:
 
 @pytest.mark.skipif(not _has_grade_command(), reason="`ddp-lab grade` is not in this "
                     "checkout yet: run_autograder calls it")
-def test_gradescope_run_autograder_grades_a_right_submission(tmp_path):
+@pytest.mark.parametrize("cores", [1, 2])
+def test_gradescope_run_autograder_grades_a_right_submission(tmp_path, cores):
+    """On 1 or 2 cores (taskset), as Gradescope's smaller machines give."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < cores:
+        pytest.skip(f"this machine lets the test use {len(allowed)} core(s), not {cores}")
     [archive] = export("gradescope", NOTEBOOKS, tmp_path / "out")
     root = tmp_path / "autograder"
     with zipfile.ZipFile(archive) as zipped:
@@ -155,7 +160,8 @@ def test_gradescope_run_autograder_grades_a_right_submission(tmp_path):
     nbformat.write(_solved(shipped), root / "submission" / f"{ASSIGNMENT}.ipynb")
     env = dict(os.environ, DDP_LAB_AUTOGRADER_ROOT=str(root),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    _run([str(root / "source" / "run_autograder")], root / "source", env, timeout=560)
+    pinned = ["taskset", "-c", ",".join(map(str, allowed[:cores]))]
+    _run([*pinned, str(root / "source" / "run_autograder")], root / "source", env, timeout=560)
     results = json.loads((root / "results" / "results.json").read_text())
     tests = {t["name"]: t for t in results["tests"]}
     for test in tests.values():
