@@ -526,7 +526,7 @@ MUTANTS = [
                                                             "closed"),
     ("06.global_throughput", throughput_walks_f_back,
      "without a single collective|frames above your function are closed"),
-    ("06.global_throughput", dummy_sum_and_max, "slowest rank's time"),
+    ("06.global_throughput", dummy_sum_and_max, "did not bring it the other ranks. numbers"),
     ("06.global_throughput", throughput_through_the_store, "Store.set is closed"),
     ("06.global_throughput", throughput_through_files, "is closed in this exercise: data "
                                                        "moved through files"),

@@ -71,12 +71,26 @@ def _throughput_problem(values: list, inputs: list) -> str | None:
         if len(inputs) > 1 and not collectives:
             return (f", rank {rank} returned {got!r} without a single collective: it cannot "
                     "know the other ranks' samples and times without asking them.")
+        if abs(got - expected) > 1e-6 * expected and _from_own_numbers(got, inputs[rank],
+                                                                      len(inputs)):
+            return (f", (samples, seconds) per rank {inputs}: rank {rank} returned {got!r}, "
+                    f"which its own {inputs[rank]} give alone (its rate, or N times it): the "
+                    "collectives it issued did not bring it the other ranks' numbers. "
+                    f"Expected {expected:.2f} samples/s: all_reduce the samples with SUM and "
+                    "the seconds with MAX, and use what comes back.")
         if abs(got - expected) > 1e-6 * expected:
             return (f", (samples, seconds) per rank {inputs}: rank {rank} returned {got!r}, "
                     f"expected {expected:.2f} samples/s. Sum the samples of all ranks and "
                     "divide by the slowest rank's time (all_reduce with SUM and with MAX); an "
                     "average of the ranks' rates overstates it.")
     return None
+
+
+def _from_own_numbers(got: float, own: tuple[int, float], world: int) -> bool:
+    """Whether ``got`` is what one rank's own numbers give without the others': its rate,
+    or the world size times it (a total guessed from one rank)."""
+    rate = own[0] / own[1]
+    return world > 1 and any(abs(got - guess) <= 1e-6 * guess for guess in (rate, world * rate))
 
 
 EXERCISES = (
