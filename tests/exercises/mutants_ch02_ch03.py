@@ -12,6 +12,10 @@ all-reduces, a narrower or wider dtype, the store as a side channel) and the cov
 from __future__ import annotations
 
 import io
+import os
+import sys
+import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,8 +23,6 @@ import torch.distributed._functional_collectives as fc
 from torch.distributed import all_gather, all_reduce, all_to_all, irecv, isend, scatter
 from torch.distributed import distributed_c10d
 
-from ddp_lab.course.ch02_point_to_point import exercises as ch02
-from ddp_lab.course.ch03_collectives.exercises import all_to_all_by_scatter
 
 
 def _group():
@@ -162,9 +164,57 @@ def ring_with_imported_names(tensor):
     return gathered
 
 
+def tensors_in_the_callers_frames(tensor):
+    """Every tensor of this tensor's shape and dtype that the frames above hold."""
+    frame, seen = sys._getframe(0).f_back, []
+    while frame is not None:
+        for local in frame.f_locals.values():
+            items = local if isinstance(local, (list, tuple)) else [local]
+            seen += [t for t in items if isinstance(t, torch.Tensor) and t.shape == tensor.shape
+                     and t.dtype == tensor.dtype]
+        frame = frame.f_back
+    out = [t.clone() for t in seen[:dist.get_world_size()]]
+    return out + [tensor.clone()] * (dist.get_world_size() - len(out))
+
+
+def _posted_file(tensor, tag):
+    folder = os.path.join(tempfile.gettempdir(), f"{tag}-{os.getppid()}")
+    os.makedirs(folder, exist_ok=True)
+    torch.save(tensor, os.path.join(folder, str(dist.get_rank())))
+    return folder
+
+
+def garbage_sent_data_through_files(tensor):
+    """A ring of the right size that carries zeros; the tensors themselves go through files."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    folder = _posted_file(tensor, "gather")
+    garbage = torch.zeros_like(tensor)
+    for _ in range(world - 1):
+        for request in (isend(garbage, (rank + 1) % world), irecv(garbage, (rank - 1) % world)):
+            request.wait()
+    while len(os.listdir(folder)) < world:
+        time.sleep(0.01)
+    return [torch.load(os.path.join(folder, str(j))) for j in range(world)]
+
+
+def gathered_through_the_store(tensor):
+    store = distributed_c10d._get_default_store()
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    store.set(f"gather/{dist.get_rank()}", buffer.getvalue())
+    return [torch.load(io.BytesIO(store.get(f"gather/{j}")))
+            for j in range(dist.get_world_size())]
+
+
 # -- 02.shift ---------------------------------------------------------------------------------
 def shift_the_wrong_way(tensor, k):
-    return ch02.shift(tensor, -k)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if k % world == 0:
+        return tensor.clone()
+    got = torch.empty_like(tensor)
+    for request in (isend(tensor, (rank - k) % world), irecv(got, (rank + k) % world)):
+        request.wait()
+    return got
 
 
 def shift_nothing(tensor, k):
@@ -200,7 +250,15 @@ def shift_to_itself(tensor, k):
 
 
 def shift_by_gathering_everything(tensor, k):
-    return ch02.ring_all_gather(tensor)[(dist.get_rank() - k) % dist.get_world_size()]
+    return ring_with_imported_names(tensor)[(dist.get_rank() - k) % dist.get_world_size()]
+
+
+def shift_through_a_file(tensor, k):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = os.path.join(_posted_file(tensor, f"shift{k}"), str((rank - k) % world))
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return torch.load(path)
 
 
 def shift_even_ranks_send_first(tensor, k):
@@ -236,7 +294,7 @@ def chunks_unchanged(chunks):
 
 def scattered_but_own_chunks_kept(chunks):
     """The N scatters made, and the chunks this rank started with handed back."""
-    all_to_all_by_scatter(chunks)
+    imported_scatter_downwards(chunks)
     return list(chunks)
 
 
@@ -265,7 +323,30 @@ def functional_all_to_all(chunks):
 
 
 def scatters_in_reverse(chunks):
-    return all_to_all_by_scatter(chunks)[::-1]
+    return imported_scatter_downwards(chunks)[::-1]
+
+
+def garbage_scattered_chunks_through_files(chunks):
+    """N scatters of the right size that carry zeros; the chunks go through files."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    folder = _posted_file(torch.stack(chunks), "a2a")
+    for src in range(world):
+        zeros = [torch.zeros_like(c) for c in chunks]
+        scatter(torch.empty_like(chunks[0]), zeros if rank == src else None, src=src)
+    while len(os.listdir(folder)) < world:
+        time.sleep(0.01)
+    return [torch.load(os.path.join(folder, str(i)))[rank] for i in range(world)]
+
+
+def chunks_in_the_callers_frames(chunks):
+    """Every list of chunks the frames above hold, taken as the other ranks' lists."""
+    frame, lists = sys._getframe(0).f_back, []
+    while frame is not None:
+        lists += [v for v in frame.f_locals.values() if isinstance(v, list) and v
+                  and all(isinstance(c, torch.Tensor) for c in v) and v is not chunks]
+        frame = frame.f_back
+    return [(lists[i] if i < len(lists) else chunks)[dist.get_rank()].clone()
+            for i in range(dist.get_world_size())]
 
 
 def through_the_store(chunks):
@@ -398,6 +479,38 @@ def functional_once(tensors):
     return _split_back(flat, tensors)
 
 
+def all_but_the_last_reduced(tensors):
+    """One all_reduce of fewer bytes than the list holds: the last tensor stays this rank's."""
+    flat = _flat(tensors[:-1])
+    dist.all_reduce(flat)
+    return _split_back(flat, tensors[:-1]) + [tensors[-1]]
+
+
+def zeros_reduced_sums_through_files(tensors):
+    """One all_reduce of the right size that carries zeros; the lists go through files."""
+    world = dist.get_world_size()
+    folder = _posted_file(_flat(tensors), "sums")
+    dist.all_reduce(torch.zeros_like(_flat(tensors)))
+    while len(os.listdir(folder)) < world:
+        time.sleep(0.01)
+    flat = sum(torch.load(os.path.join(folder, str(r))) for r in range(world))
+    return _split_back(flat, tensors)
+
+
+def lists_in_the_callers_frames(tensors):
+    """Every list of tensors shaped like this one that the frames above hold, summed."""
+    frame, total = sys._getframe(0).f_back, [t.clone() for t in tensors]
+    while frame is not None:
+        for v in frame.f_locals.values():
+            if (isinstance(v, list) and v is not tensors and len(v) == len(tensors)
+                    and all(isinstance(t, torch.Tensor) and t.shape == u.shape
+                            for t, u in zip(v, tensors))):
+                total = [a + b for a, b in zip(total, v)]
+        frame = frame.f_back
+    dist.all_reduce(torch.zeros_like(_flat(tensors)))
+    return total
+
+
 def averaged_then_scaled(tensors):  # gloo has AVG: SUM, then a division (ProcessGroupGlooDetail.hpp)
     flat = _flat(tensors)
     dist.all_reduce(flat, op=dist.ReduceOp.AVG)
@@ -416,6 +529,10 @@ MUTANTS = [
     ("02.all_gather", sent_as_int16, "should be rank"),
     ("02.all_gather", through_rank0, "at most N - 1"),
     ("02.all_gather", blocking_sends_first, "hung .*recv"),
+    ("02.all_gather", tensors_in_the_callers_frames,
+     r"frames above your function|item \[\d\] should be rank"),
+    ("02.all_gather", garbage_sent_data_through_files, "closed in this exercise: data moved through"),
+    ("02.all_gather", gathered_through_the_store, "Store.set is closed"),
     ("02.shift", shift_the_wrong_way, "k places|rank - k"),
     ("02.shift", shift_nothing, "rank - k"),
     ("02.shift", shift_by_broadcast, "switched off"),
@@ -424,6 +541,7 @@ MUTANTS = [
     ("02.shift", shift_to_itself, "itself as the peer"),
     ("02.shift", shift_by_gathering_everything, "moves each tensor once"),
     ("02.shift", shift_even_ranks_send_first, "(?s)when it stopped.*hung"),
+    ("02.shift", shift_through_a_file, "closed in this exercise: data moved through"),
     ("03.all_to_all", chunks_unchanged, "made 0 scatter|what rank 1 sent to rank 0"),
     ("03.all_to_all", scattered_but_own_chunks_kept, "you returned your own tensor"),
     ("03.all_to_all", builtin_all_to_all, "dist.all_to_all is switched off"),
@@ -431,7 +549,9 @@ MUTANTS = [
     ("03.all_to_all", group_alltoall_base, "all_to_all is switched off in this exercise, in"),
     ("03.all_to_all", functional_all_to_all, "all_to_all is switched off"),
     ("03.all_to_all", scatters_in_reverse, "should be chunk"),
-    ("03.all_to_all", through_the_store, "made 0 scatter"),
+    ("03.all_to_all", through_the_store, "Store.set is closed"),
+    ("03.all_to_all", garbage_scattered_chunks_through_files, "closed in this exercise: data moved through"),
+    ("03.all_to_all", chunks_in_the_callers_frames, "frames above your function|made 0 scatter"),
     ("03.all_to_all", stacked_scatters, "one chunk, no more"),
     ("03b.all_reduce_list", one_all_reduce_each, "the point is ONE collective"),
     ("03b.all_reduce_list", imported_all_reduce_each, "the point is ONE collective"),
@@ -445,6 +565,11 @@ MUTANTS = [
     ("03b.all_reduce_list", broadcasts_then_summed, "dist.broadcast is switched off"),
     ("03b.all_reduce_list", sent_as_half, "bytes of torch.float16"),
     ("03b.all_reduce_list", widened_to_double, "bytes of torch.float64, and the tensors hold"),
+    ("03b.all_reduce_list", all_but_the_last_reduced, "reduce exactly their elements"),
+    ("03b.all_reduce_list", zeros_reduced_sums_through_files,
+     "closed in this exercise: data moved through"),
+    ("03b.all_reduce_list", lists_in_the_callers_frames,
+     "frames above your function|should be the sum over the ranks"),
 ]
 
 RIGHT = [

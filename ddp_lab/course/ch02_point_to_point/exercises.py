@@ -8,9 +8,12 @@ a peer that does not exist and, after a hang, unmatched sends (:mod:`.peers`), e
 aborts the process. The tensors are random: a
 shape from the check's seed, int64 on some world sizes and float32 on the others (every
 check has both, so a buffer made with the default dtype fails every time), with values an
-int16 or a float16 cannot carry. The answer is compared with torch's own ``dist.all_gather``
-on the same tensors, run right after; the bytes each rank sends are counted (the cost: an
-all-gather sends each rank's tensor N - 1 times, a shift once).
+int16 or a float16 cannot carry. The checker makes every rank's tensor and hands each rank
+only its own (:func:`~ddp_lab.exercises.sealed.deal`); the answers are compared in the
+checker's process with the tensors it made. The bytes each rank sends and receives are
+counted, floor and ceiling: an all-gather sends each rank's tensor at least once and at most
+N - 1 times and brings each rank the N - 1 others' tensors; a shift sends and receives one
+tensor (none when k is a multiple of N).
 """
 
 from __future__ import annotations
@@ -21,27 +24,28 @@ import torch.distributed as dist
 from ddp_lab.course.ch02_point_to_point.peers import peer_problem
 from ddp_lab.exercises.bytes_sent import recording_p2p
 from ddp_lab.exercises.builtins_off import COLLECTIVES, families
-from ddp_lab.exercises.driver import (describe, each_world, full_bits_tensor, generator, new_seed,
-                                      tensor_problem)
+from ddp_lab.exercises.driver import (WORLD_SIZES, describe, each_world, full_bits_tensor,
+                                      generator, new_seed, tensor_problem)
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 
 P2P_ONLY = "use only send/recv, isend/irecv or batch_isend_irecv"
 DEADLOCK_HINT = ("If every rank first does a blocking send, they all wait for a recv nobody "
                  "posted (section 4): post isend and irecv together, then wait on both.")
 
 
-def _gathered_by_torch(mine: torch.Tensor) -> list[torch.Tensor]:
-    expected = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(expected, mine)
-    return expected
+def rank_tensors(seed: int, n: int) -> list[torch.Tensor]:
+    """Every rank's tensor for one world size, made in the checker's process."""
+    return [full_bits_tensor(seed, n, rank) for rank in range(n)]
 
 
 def _run_p2p(fn, journal: str, *args):
     """fn(*args) with the collectives off, every send and recv journaled and counted:
-    (what it returned, bytes it sent)."""
+    (what it returned, bytes it sent, bytes it received)."""
     with recording_p2p(families(COLLECTIVES), P2P_ONLY, journal) as log:
         got = fn(*args)
-    return got, log.bytes_sent
+    received = sum(m.nbytes for m in log.messages if m.kind == "recv")
+    return got, log.bytes_sent, received
 
 
 def _journaled_worlds(trial, args, seed: int, judge=None, judge_world=None) -> None:
@@ -69,18 +73,20 @@ def ring_all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     return gathered
 
 
-def _all_gather_trial(fn, seed: int, journal: str):
-    mine = full_bits_tensor(seed, dist.get_world_size(), dist.get_rank())
-    got, sent = _run_p2p(fn, journal, mine.clone())
-    return got, sent, _gathered_by_torch(mine)
+def _all_gather_trial(fn, dealt, journal: str):
+    return _run_p2p(fn, journal, dealt.take())
 
 
 def check_all_gather(fn) -> str:
     seed = new_seed()
-    _journaled_worlds(_all_gather_trial, (fn, seed), seed, judge=lambda value, rank, n: (
-        _list_problem(value[0], value[2], rank) or _gather_cost(value[1], value[2][0], n)))
-    return (f"the same lists as dist.all_gather, each rank sending N - 1 tensors' worth, on "
-            f"1-4 ranks, int64 and float32 (seed {seed})")
+    tensors = {n: rank_tensors(seed, n) for n in WORLD_SIZES}
+    _journaled_worlds(_all_gather_trial, lambda n: (fn, deal(tensors[n])), seed,
+                      judge=lambda value, rank, n: (
+                          _list_problem(value[0], tensors[n], rank)
+                          or _gather_cost(*value[1:], tensors[n][0], n)))
+    return (f"every rank's tensor on every rank, in rank order, each rank sending its own at "
+            f"least once and N - 1 tensors' worth at most, on 1-4 ranks, int64 and float32 "
+            f"(seed {seed})")
 
 
 def _list_problem(got, expected: list, rank: int) -> str | None:
@@ -94,8 +100,16 @@ def _list_problem(got, expected: list, rank: int) -> str | None:
     return None
 
 
-def _gather_cost(sent: int, tensor: torch.Tensor, n: int) -> str | None:
+def _gather_cost(sent: int, received: int, tensor: torch.Tensor, n: int) -> str | None:
     one = tensor.numel() * tensor.element_size()
+    if n > 1 and sent < one:
+        return (f"it sent {sent} bytes, and its tensor is {one} bytes: every other rank needs "
+                "that tensor, whose values no other rank holds, so it must leave this rank "
+                "at least once, whole.")
+    if received < (n - 1) * one:
+        return (f"it received {received} bytes, and it lacks the other N - 1 = {n - 1} "
+                f"ranks' tensors, {(n - 1) * one} bytes: they can only reach it through its "
+                "recvs.")
     if sent <= (n - 1) * one:
         return None
     return (f"it sent {sent} bytes, {sent / one:g} times its tensor of {one} bytes: an "
@@ -127,41 +141,56 @@ def shifts(seed: int, n: int) -> list[int]:
     return [small, small + n * (1 + draw[1] % 2), n * (draw[2] % 3)]
 
 
-def _shift_trial(fn, seed: int, ks: list, journal: str):
-    mine = full_bits_tensor(seed, dist.get_world_size(), dist.get_rank())
-    everybody = _gathered_by_torch(mine)
-    return [(*_run_p2p(fn, journal, mine.clone(), k), everybody) for k in ks]
+def _shift_trial(fn, dealt, ks: list, journal: str):
+    mine = dealt.take()
+    return [_run_p2p(fn, journal, mine.clone(), k) for k in ks]
 
 
 def check_shift(fn) -> str:
     seed = new_seed()
-    _journaled_worlds(_shift_trial, lambda n: (fn, seed, shifts(seed, n)), seed,
-                      judge_world=lambda values, n: _shifts_problem(values, shifts(seed, n), n))
+    tensors = {n: rank_tensors(seed, n) for n in WORLD_SIZES}
+    _journaled_worlds(_shift_trial, lambda n: (fn, deal(tensors[n]), shifts(seed, n)), seed,
+                      judge_world=lambda values, n: _shifts_problem(values, shifts(seed, n),
+                                                                    tensors[n]))
     return (f"every rank got the tensor from k places to its left (k below, above and a "
-            f"multiple of N), with one send at most, on 1-4 ranks (seed {seed})")
+            f"multiple of N), sending and receiving one tensor (none for a multiple of N), "
+            f"on 1-4 ranks (seed {seed})")
 
 
-def _shifts_problem(values: list, ks: list, n: int) -> str | None:
+def _shifts_problem(values: list, ks: list, everybody: list) -> str | None:
     for i, k in enumerate(ks):
-        for rank, (got, sent, everybody) in enumerate(v[i] for v in values):
-            problem = _shift_problem(got, sent, everybody, rank, k, n)
+        for rank, (got, sent, received) in enumerate(v[i] for v in values):
+            problem = (_shift_problem(got, everybody, rank, k)
+                       or _shift_cost(sent, received, everybody[0], rank, k % len(everybody)))
             if problem:
                 return f", k={k}: {problem}"
     return None
 
 
-def _shift_problem(got, sent: int, everybody: list, rank: int, k: int, n: int) -> str | None:
+def _shift_problem(got, everybody: list, rank: int, k: int) -> str | None:
+    n = len(everybody)
     source = (rank - k) % n
     problem = tensor_problem(got, everybody[source],
                              mine=everybody[rank] if source != rank else None)
     if problem:
         return (f"rank {rank} should return rank {source}'s tensor (rank - k, modulo {n}): "
                 f"{problem}")
-    one = everybody[0].numel() * everybody[0].element_size()
+    return None
+
+
+def _shift_cost(sent: int, received: int, tensor: torch.Tensor, rank: int,
+                moved: int) -> str | None:
+    """``moved``: k modulo the world size (0: the tensor stays home)."""
+    one = tensor.numel() * tensor.element_size()
     if sent > one:
         return (f"rank {rank} sent {sent} bytes, {sent / one:g} times its tensor: a shift "
                 "moves each tensor once, one send per rank (and none when k is a multiple "
                 "of the world size).")
+    if moved and (sent < one or received < one):
+        return (f"rank {rank} sent {sent} and received {received} bytes, and a tensor is "
+                f"{one} bytes: unless k is a multiple of the world size, each rank's tensor "
+                "must leave it whole, and the one it returns arrive whole, through a send and "
+                "a recv.")
     return None
 
 

@@ -4,10 +4,11 @@ Every other collective and the point-to-point calls are switched off at the disp
 the learner's function runs (every form: imported names, process-group methods, functional
 collectives), and the scatters are counted there too: an all-to-all from scatters is one
 scatter per source rank, each moving one chunk per rank, so a count or a size that differs
-(no scatter at all, the store as a side channel, whole lists scattered) is named. The chunks
-are random, int64 on some world sizes and float32 on the others (both in every check), and
-every rank's result is compared with what torch's own ``all_gather`` of everybody's chunks
-says it should have received.
+(no scatter at all, whole lists scattered, a scatter of garbage beside a side channel) is
+named; the store, files and threads are closed while it runs. The chunks are random, int64
+on some world sizes and float32 on the others (both in every check), made by the checker,
+which hands each rank only its own (:func:`~ddp_lab.exercises.sealed.deal`) and compares
+every rank's result with the chunks the others were given for it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import FAMILIES, CollectiveTrace
-from ddp_lab.exercises.driver import each_world, full_bits_tensor, new_seed, tensor_problem
+from ddp_lab.exercises.driver import (WORLD_SIZES, each_world, full_bits_tensor, new_seed,
+                                      tensor_problem)
 from ddp_lab.exercises.registry import Exercise
+from ddp_lab.exercises.sealed import deal
 
 ONLY_SCATTER = "build all_to_all from dist.scatter"
 
@@ -34,30 +37,35 @@ def all_to_all_by_scatter(chunks: list[torch.Tensor]) -> list[torch.Tensor]:
     return received
 
 
-def _trial(fn, seed: int):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    chunks = [full_bits_tensor(seed, world, rank, j) for j in range(world)]
+def rank_chunks(seed: int, n: int) -> list[list[torch.Tensor]]:
+    """Every rank's list of chunks for one world size: ``[rank][j]`` goes to rank j."""
+    return [[full_bits_tensor(seed, n, rank, j) for j in range(n)] for rank in range(n)]
+
+
+def _trial(fn, dealt):
+    """The learner's result for this rank's chunks, and the bytes each scatter moved here."""
+    chunks = dealt.take()
     with CollectiveTrace(forbid=set(FAMILIES) - {"scatter"}, why=ONLY_SCATTER) as trace:
-        got = fn([c.clone() for c in chunks])
-    everybody = [torch.empty_like(torch.stack(chunks)) for _ in range(world)]
-    dist.all_gather(everybody, torch.stack(chunks))
-    scatters = [call.nbytes for call in trace.of("scatter")]
-    return got, [everybody[src][rank] for src in range(world)], scatters, chunks
+        got = fn(chunks)
+    return got, [call.nbytes for call in trace.of("scatter")]
 
 
 def check_all_to_all(fn) -> str:
     seed = new_seed()
+    chunks = {n: rank_chunks(seed, n) for n in WORLD_SIZES}
 
     def judge(value: tuple, rank: int, n: int) -> str | None:
-        got, expected, scatters, chunks = value
-        return (_result_problem(got, expected, chunks, rank, n)
+        got, scatters = value
+        expected = [chunks[n][src][rank] for src in range(n)]
+        return (_result_problem(got, expected, chunks[n][rank], rank, n)
                 or _cost_problem(scatters, expected[0], n))
 
-    each_world(_trial, (fn, seed), judge, seed,
+    each_world(_trial, lambda n: (fn, deal(chunks[n])), judge, seed,
                hang_hint="Every rank must call scatter the same number of times, with the "
                          "same src in the same order.",)
-    return (f"the same as torch's all_to_all, with one scatter per source rank, on 1-4 ranks, "
-            f"int64 and float32 (seed {seed})")
+    return (f"every rank got chunk [rank] of every rank's list, in rank order (what "
+            f"dist.all_to_all gives), with one scatter of one chunk per rank per source rank, "
+            f"on 1-4 ranks, int64 and float32 (seed {seed})")
 
 
 def _result_problem(got, expected: list, chunks: list, rank: int, n: int) -> str | None:

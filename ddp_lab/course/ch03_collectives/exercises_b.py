@@ -8,7 +8,9 @@ and the functional ``all_reduce`` all count): while the learner's function runs 
 collective is switched off, and there must be exactly one all-reduce, carrying exactly the
 list's bytes in the list's dtype (not a loop, not a float64 copy, not a float16 one). Shapes,
 count and values are random per check, float32 on some world sizes and float64 on the
-others; the answer is compared with torch's own ``all_reduce`` of each tensor, run after.
+others, made by the checker, which hands each rank only its own list
+(:func:`~ddp_lab.exercises.sealed.deal`) and compares each answer with the sums it computes
+itself, tensor by tensor; the store, files and threads are closed while the function runs.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import torch
 import torch.distributed as dist
 
 from ddp_lab.course.collective_trace import FAMILIES, CollectiveTrace
-from ddp_lab.exercises.driver import each_world, generator, new_seed, tensor_problem
+from ddp_lab.exercises.driver import WORLD_SIZES, each_world, generator, new_seed, tensor_problem
 from ddp_lab.exercises.driver import where as on
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
+from ddp_lab.exercises.sealed import deal
 
 ONE_ALL_REDUCE = "use one dist.all_reduce"
 
@@ -45,26 +48,32 @@ def random_list(seed: int, rank: int, world_size: int = 1) -> list[torch.Tensor]
             enumerate(shapes)]
 
 
-def _trial(fn, seed: int):
-    tensors = random_list(seed, dist.get_rank(), dist.get_world_size())
+def _trial(fn, dealt):
+    """The learner's result for this rank's list, and the collectives it made."""
+    tensors = dealt.take()
     with CollectiveTrace(forbid=set(FAMILIES) - {"all_reduce"}, why=ONE_ALL_REDUCE) as trace:
-        got = fn([t.clone() for t in tensors])
-    expected = [t.clone() for t in tensors]
-    for t in expected:
-        dist.all_reduce(t)
-    return got, expected, [(call.name, call.nbytes, call.dtype) for call in trace.calls], tensors
+        got = fn(tensors)
+    return got, [(call.name, call.nbytes, call.dtype) for call in trace.calls]
+
+
+def summed(lists: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Tensor i of the answer: the sum over the ranks of their tensor i, in its dtype."""
+    return [torch.stack(column).sum(0) for column in zip(*lists)]
 
 
 def check_all_reduce_list(fn) -> str:
     seed = new_seed()
-    each_world(_trial, (fn, seed), lambda value, rank, n: _judge(*value, f"{on(n, seed)}, "
-                                                                 f"rank {rank}"), seed,
+    lists = {n: [random_list(seed, rank, n) for rank in range(n)] for n in WORLD_SIZES}
+    sums = {n: summed(lists[n]) for n in WORLD_SIZES}
+    each_world(_trial, lambda n: (fn, deal(lists[n])),
+               lambda value, rank, n: _judge(*value, sums[n], lists[n][rank],
+                                             f"{on(n, seed)}, rank {rank}"), seed,
                hang_hint="Every rank must make the same all_reduce calls.")
     return (f"the same sums as one all_reduce per tensor, with one all_reduce of exactly the "
             f"list's bytes, on 1-4 ranks, float32 and float64 (seed {seed})")
 
 
-def _judge(got, expected: list, calls: list, mine: list, where: str) -> None:
+def _judge(got, calls: list, expected: list, mine: list, where: str) -> None:
     problem = _cost_problem(calls, expected)
     if problem:
         raise ExerciseFailed(f"{where} {problem}")
