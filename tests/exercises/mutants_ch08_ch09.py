@@ -619,3 +619,31 @@ def node_sum_as_string(value, local_world_size):
 
 RIGHT += [("09.node_sum", node_sum_numpy)]
 MUTANTS += [("09.node_sum", node_sum_as_string, "a Python float\\), got str")]
+
+
+def node_sum_through_the_store(value, local_world_size):
+    """Every rank's value through the rendezvous store: no collective at all."""
+    rank, store = dist.get_rank(), dist.distributed_c10d._get_default_store()
+    store.set(f"node-sum-{rank}", repr(value))
+    first = rank - rank % local_world_size
+    return sum(float(store.get(f"node-sum-{peer}"))
+               for peer in range(first, first + local_world_size))
+
+
+MUTANTS += [("09.node_sum", node_sum_through_the_store, "Store.set is closed")]
+
+
+def agreed_through_files(ddp_model, optimizer, batches):
+    """Each rank writes its count to a file and reads the others'."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with open(f"/tmp/ddp-lab-counts-{rank}", "w") as f:
+        f.write(str(len(batches)))
+    dist.barrier()
+    counts = []
+    for peer in range(world):
+        with open(f"/tmp/ddp-lab-counts-{peer}") as f:
+            counts.append(int(f.read()))
+    plain_loop(ddp_model, optimizer, batches[:min(counts)])
+
+
+MUTANTS += [("08.stop_together", agreed_through_files, "writing .* is closed")]

@@ -37,8 +37,8 @@ HANG_HINT = ("dist.new_group is a collective: every rank must create every group
 DEFAULT_OFF = ("pass group= one of the groups you made with dist.new_group (or call that "
                "group's own method)")
 # dist.new_group is the exercise, and it agrees on the group through the store (a
-# PrefixStore, Store.add): the store stays open.
-NEW_GROUP_DOORS = ()  # the seal lets torch's new_group reach the store, and nothing else
+# PrefixStore, Store.add): the seal lets torch's new_group reach the store, and nothing else.
+NEW_GROUP_DOORS = ()
 UNGROUPED = ("send", "recv", "barrier")  # point to point names its peer; a barrier moves nothing
 
 
