@@ -83,16 +83,20 @@ def _backward(model: nn.Module, batch: tuple) -> None:
     F.mse_loss(model(x), target).backward()
 
 
-def mean_gradients(model: nn.Module, rank_batches: list) -> list:
-    """What DDP leaves in each ``.grad``, computed in the checker's process: each rank's
-    gradient of its own batch, their mean; None where no rank has a gradient (a frozen
-    parameter, or one that forward never uses: DDP with ``find_unused_parameters=True``
-    leaves those None too)."""
+def rank_gradients(model: nn.Module, rank_batches: list) -> list[list]:
+    """Each rank's gradients of its own batch, computed in the checker's process."""
     per_rank = []
     for batch in rank_batches:
         replica = copy.deepcopy(model)
         _backward(replica, batch)
         per_rank.append([p.grad for p in replica.parameters()])
+    return per_rank
+
+
+def mean_gradients(per_rank: list[list]) -> list:
+    """What DDP leaves in each ``.grad``: the mean of the ranks' gradients; None where no
+    rank has a gradient (a frozen parameter, or one that forward never uses: DDP with
+    ``find_unused_parameters=True`` leaves those None too)."""
     return [None if grads[0] is None else torch.stack(grads).mean(dim=0)
             for grads in zip(*per_rank)]
 
@@ -129,22 +133,32 @@ def check_average_gradients(fn) -> str:
     seed = new_seed()
     model = random_model(seed)
     dealt = {n: batches(seed, n, model.in_features) for n in WORLD_SIZES}
-    expected = {n: mean_gradients(model, dealt[n]) for n in WORLD_SIZES}
+    own = {n: rank_gradients(model, dealt[n]) for n in WORLD_SIZES}
+    expected = {n: mean_gradients(own[n]) for n in WORLD_SIZES}
 
     def judge(value: tuple, rank: int, n: int) -> None:
         grads, untouched, moved = value
-        _judge(grads, untouched, expected[n], f"{on(n, seed)}, rank {rank}")
-        _check_moved(moved, expected[n], n, f"{on(n, seed)}, rank {rank}")
+        where = f"{on(n, seed)}, rank {rank}"
+        _judge(grads, untouched, expected[n], where, own[n][rank] if n > 1 else None)
+        _check_moved(moved, expected[n], n, where)
 
     each_world(_trial, lambda n: (fn, model, deal(dealt[n])), judge, seed,
                hang_hint="Every rank must all-reduce the same gradients in the same order.")
     return f"the same gradients as DDP (the ranks' mean) on 1-4 ranks (seed {seed})"
 
 
-def _judge(got: list, untouched: bool, want: list, where: str) -> None:
+def _judge(got: list, untouched: bool, want: list, where: str, own=None) -> None:
+    """``own``: this rank's gradients of its own batch (on several ranks), to say so when
+    they came back unchanged."""
     if not untouched:
         raise ExerciseFailed(f"{where}: the parameters changed. Average the gradients "
                              "(p.grad), leave the parameters (p.data) to the optimizer.")
+    if own is not None and _same_gradients(got, own) and not _same_gradients(got, want):
+        raise ExerciseFailed(
+            f"{where}: your gradients are this rank's own, unchanged: nothing of the other "
+            "ranks reached them. DDP leaves the MEAN of the ranks' gradients: sum each "
+            ".grad with all_reduce (in place, or copy the result back), divide by "
+            "world_size.")
     for i, (mine, theirs) in enumerate(zip(got, want)):
         if theirs is None or mine is None:
             if mine is not theirs:
@@ -158,6 +172,12 @@ def _judge(got: list, untouched: bool, want: list, where: str) -> None:
                 f"ranks' gradients): {problem}; norm "
                 f"ratio {ratio:.3g}. DDP leaves the MEAN of the ranks' gradients: sum with "
                 "all_reduce, divide by world_size, for every parameter that has a gradient.")
+
+
+def _same_gradients(got: list, want: list) -> bool:
+    return all(isinstance(a, torch.Tensor) and a.shape == b.shape
+               and torch.allclose(a, b, rtol=1e-5, atol=1e-6) if b is not None else a is None
+               for a, b in zip(got, want))
 
 
 def _check_moved(moved: int, want: list, n: int, where: str) -> None:
