@@ -174,10 +174,10 @@ def _traffic_problem(sent: float, n: int) -> str | None:
     least = (n - 1) / n * 12
     if sent >= 0.99 * least:
         return None
-    return (f"the right number, but only {sent:.0f} bytes left this rank by the collectives "
-            f"(its earliest start, latest end and busy time take {least:.0f} or more): no "
-            "rank knows the others' spans, so combine them with collectives called from "
-            "your function")
+    return (f"the right number, but only {sent:.0f} bytes left this rank by the collectives, "
+            f"where its earliest start, latest end and busy time take {least:.0f} or more "
+            "((n-1)/n of 12 bytes, in a ring's accounting): no rank knows the others' spans, "
+            "so combine them with collectives called from your function")
 
 
 def check_interleaved_bubble(fn) -> str:
