@@ -1,9 +1,10 @@
 """Run a command the grader does not trust (a learner's notebook, the checks of its
 functions) where it can harm nothing: its own user, network, PID, mount and IPC
 namespaces; the machine's files read-only but for its ``folder``; the other submissions'
-folders hidden; a private /tmp and /dev/shm; budgets of wall clock, memory, processes and
-output; and nothing left behind however it ends (issue 45: "an isolated, unprivileged
-environment").
+folders hidden (``folder``'s neighbours, and the paths the caller names); a private /tmp,
+/dev/shm and /run, terminals of its own; budgets of wall clock, memory, processes and
+output; and nothing left behind however it ends, the grader's interruption included
+(issue 45: "an isolated, unprivileged environment").
 
 The namespaces are made by sandbox_helper.py (stdlib only, run as ``python -I -S``, like
 the launcher's namespaces.py), whose docstring says how. Run as root, the command runs as
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from ddp_lab.grading import sandbox_orders
 from ddp_lab.grading.sandbox_output import KeptBytes
+from ddp_lab.launch.interrupts import deferred
 
 HELPER = Path(__file__).with_name("sandbox_helper.py")
 OUTPUT_BYTES = 1 << 20  # kept of each of stdout and stderr: half from the start, half from the end
@@ -77,17 +79,19 @@ def run_sandboxed(argv: list[str], folder: Path, *, wall_s: float, memory_bytes:
     for a folder or a hidden path the sandbox cannot be built around."""
     orders = sandbox_orders.orders(argv, folder, wall_s, memory_bytes, max_processes, env,
                                    hidden, sandbox_user())
-    status_read, status_write = os.pipe()
+    helper = None
+    with deferred():  # a Ctrl-C now would leave a helper nobody stops, or a descriptor
+        status_read, status_write = os.pipe()
     try:
-        try:
-            helper = _start(orders, status_write)
-        finally:
-            os.close(status_write)
-        try:
-            outcome = _watch(helper, status_read, time.monotonic() + wall_s)
-        finally:
-            _stop(helper)
+        with deferred():
+            try:
+                helper = _start(orders, status_write)
+            finally:
+                os.close(status_write)
+        outcome = _watch(helper, status_read, time.monotonic() + wall_s)
     finally:
+        if helper is not None:
+            _stop(helper)
         os.close(status_read)
     return _result(outcome, wall_s, memory_bytes, max_processes)
 
@@ -194,7 +198,7 @@ def _result(outcome: dict, wall_s: float, memory_bytes: int,
             max_processes: int) -> SandboxResult:
     status, timed_out = outcome["status"], outcome["timed_out"]
     if "error" in status:
-        raise SandboxUnavailable(f"{status['error']}{ADVICE}")
+        raise SandboxUnavailable(status["error"] + (ADVICE if status.get("refused") else ""))
     if timed_out or status.get("capped") or status.get("status") is None:
         returncode = -signal.SIGKILL
     else:
@@ -214,9 +218,10 @@ def _reason(returncode: int, stderr: str, timed_out: bool, capped: bool, wall_s:
         return f"ran past its {wall_s:g} s budget"
     if capped:
         return f"tried to start more than {max_processes} processes (threads count)"
-    if returncode == -signal.SIGXFSZ:
+    said = stderr[-20000:] if returncode != 0 else ""  # how a Python says it, at its end
+    if returncode == -signal.SIGXFSZ or "File too large" in said:
         return f"wrote a file larger than {_size(memory_bytes)}"
-    if returncode != 0 and any(sign in stderr[-20000:] for sign in MEMORY_SIGNS):
+    if any(sign in said for sign in MEMORY_SIGNS):
         return f"ran out of memory ({_size(memory_bytes)} per process)"
     if returncode < 0:
         return f"was killed by {signal.Signals(-returncode).name}"

@@ -118,7 +118,7 @@ def helper(orders: dict) -> int:
     try:
         orders["kept"] = enter_namespaces(uid, gid, [orders["folder"], *orders["needed"]])
     except (namespaces.NamespaceRefused, OSError) as exc:
-        _tell(status, {"error": namespaces.why_refused(str(exc))})
+        _tell(status, {"error": namespaces.why_refused(str(exc)), "refused": True})
         return 1
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # after the change of user, which clears it
     if os.getppid() != orders["caller"]:
@@ -192,6 +192,8 @@ def run_command(orders: dict) -> None:
     its folder (its capabilities go at ``execve``: it is not root in the namespace);
     exit 127 if it cannot be executed."""
     try:
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; commands do not
+            signal.signal(signum, signal.SIG_DFL)
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
         set_budgets(orders)
         os.chdir(orders["folder"])

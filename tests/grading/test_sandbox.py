@@ -539,3 +539,26 @@ def test_hidden_paths_are_out_of_sight(folders):
             run_sandboxed(["true"], mine, hidden=(mine.parent,), **BUDGET)
     finally:
         shutil.rmtree(grades)
+
+
+@pytest.mark.parametrize("writer", ["python", "head"])
+def test_a_file_past_the_budget_is_stopped(folders, writer):
+    """A file may not grow past the memory budget: Python (which ignores SIGXFSZ) is told
+    EFBIG, another program is killed by SIGXFSZ."""
+    mine, _ = folders
+    if writer == "python":
+        done = python("""
+            with open('big', 'wb') as big:
+                for _ in range(512):
+                    big.write(bytes(1 << 20))
+            """, mine, memory_bytes=256 << 20)
+        assert done.returncode == 1 and "File too large" in done.stderr, done
+    else:
+        done = run_sandboxed(["head", "-c", str(512 << 20), "/dev/zero"], mine,
+                             **{**BUDGET, "memory_bytes": 256 << 20})
+        assert done.returncode == 0 and len(done.stdout) < 2 << 20  # to stdout: no file
+        done = run_sandboxed(["dd", "if=/dev/zero", "of=big", "bs=1M", "count=512"], mine,
+                             **{**BUDGET, "memory_bytes": 256 << 20})
+        assert done.returncode == -signal.SIGXFSZ, done
+    assert done.reason == "wrote a file larger than 256 MiB"
+    assert (mine / "big").stat().st_size <= 256 << 20
