@@ -91,24 +91,31 @@ def test_otter_master_questions_with_points_solution_blocks_and_tests(tmp_path):
 
 
 def test_gradescope_zip_has_executable_scripts_and_the_course_wheel(tmp_path):
+    in_tree = [ROOT / "build" / "lib", *ROOT.glob("ddp_lab.egg-info/SOURCES.txt")]
+    before = {path: path.exists() and path.stat().st_mtime for path in in_tree}
     [archive] = export("gradescope", NOTEBOOKS, tmp_path)
     with zipfile.ZipFile(archive) as zipped:
         modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zipped.infolist()}
         run = zipped.read("run_autograder").decode()
         setup = zipped.read("setup.sh").decode()
         [wheel] = [n for n in modes if n.startswith("wheels/")]
+        shipped = {n for n in modes if n.startswith("notebooks/")}
         zipped.extract(wheel, tmp_path)
     assert modes["setup.sh"] == modes["run_autograder"] == 0o755
     assert 'ROOT="${DDP_LAB_AUTOGRADER_ROOT:-/autograder}"' in run
     assert '--results-json "$ROOT/results/results.json"' in run
     assert "torch==2" in setup and "wheels/*.whl" in setup
+    assert shipped == {f"notebooks/{p.name}" for p in NOTEBOOKS.glob("*.ipynb")}
+    assert '--course "$ROOT/source/notebooks"' in run
     with zipfile.ZipFile(tmp_path / wheel) as built:
         names = set(built.namelist())
     assert {"ddp_lab/exercises/registry.py", "ddp_lab/grading/export/in_kernel.py",
             "ddp_lab/course/ch02_point_to_point/exercises.py"} <= names
-    assert not (ROOT / "build" / "lib").exists()  # built from a copy, not in the checkout
+    after = {path: path.exists() and path.stat().st_mtime for path in in_tree}
+    assert after == before  # built from a copy: nothing written in the checkout
 
 
+@pytest.mark.slow  # real processes: over 5 s on 2 busy cores
 def test_cli_writes_the_export_and_refuses_a_pattern_that_finds_nothing(tmp_path):
     def assign(*args):
         return subprocess.run([sys.executable, "-m", "ddp_lab", "assign", *args],
@@ -131,6 +138,7 @@ def _local_max(value):
     return value
 
 
+@pytest.mark.slow  # real processes: over 5 s on 2 busy cores
 def test_hidden_check_fails_a_stub_and_a_wrong_answer_and_is_silent_on_a_right_one(capsys):
     with pytest.raises(AssertionError, match="not graded as solved: 00.max_over_ranks: not "
                                              "solved yet"):
