@@ -169,3 +169,14 @@ def test_the_command_refuses_bad_input_before_running_anything(tmp_path, capsys)
     assert main(["grade", str(NB02), str(NB02), "--out", str(tmp_path / "o"),
                  "--results-json", str(tmp_path / "r.json")]) == 2
     assert not (tmp_path / "o").exists()
+
+
+def test_the_bench_class_spans_every_score(tmp_path):
+    from ddp_lab.grading.submission import COURSE_DIR, read_submission as read
+    from ddp_lab.tools.bench_grade import make_class
+    expected = make_class(tmp_path, 10, COURSE_DIR)
+    assert sorted(set(expected.values())) == [0, 1, 2, 3, 4]
+    for name, score in expected.items():
+        submission = read(tmp_path / name, name)
+        attempted = [e for e, nb in submission.exercises().items() if not nb.is_stub(e)]
+        assert len(submission.exercises()) == 4 and len(attempted) == score
