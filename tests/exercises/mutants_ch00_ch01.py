@@ -287,6 +287,12 @@ def compares_ranks_0_and_1(model):
     return torch.equal(everybody[0], everybody[min(1, len(everybody) - 1)])
 
 
+def compares_first_and_last(model):
+    everybody = [torch.empty_like(_bits(model)) for _ in range(dist.get_world_size())]
+    all_gather(everybody, _bits(model))
+    return torch.equal(everybody[0], everybody[-1])
+
+
 def fingerprint_by_hash(model):
     """Python's hash() of the bytes: salted per process, so ranks started apart disagree."""
     mine = hash(_bits(model).numpy().tobytes())
@@ -487,6 +493,7 @@ MUTANTS = [
     ("00b.weights_agree", nan_as_a_number, "-0.0 where.*sign bits"),
     ("00b.weights_agree", negated_int_bits, "-0.0 where.*sign bits"),
     ("00b.weights_agree", compares_ranks_0_and_1, "rank [23]'s .*yet every rank answered True"),
+    ("00b.weights_agree", compares_first_and_last, "rank [12]'s .*yet every rank answered True"),
     ("00b.weights_agree", fingerprint_by_hash, "hash\\(\\) on bytes.*salts"),
     ("00b.weights_agree", weights_through_the_store, "Store.set is closed"),
     ("01.store_barrier", sleeping_barrier, "fixed (wait|time)"),

@@ -6,9 +6,10 @@ agrees (a run that blew up is still in sync) and +0.0 against -0.0 does not (== 
 equal; their sign bits differ). The check builds the same model on every rank (one seed),
 with a frozen layer (``requires_grad=False``: still a weight every rank must agree on), then
 on every world size but 1 runs one trial where the weights agree and one where one rank (a
-random one, rank 0 included; on 4 ranks rank 2 or 3, so comparing ranks 0 and 1 alone
-fails) differs in one of three ways, spread so that every check meets all three: a weight of the frozen layer one float32 step up (the next representable
-number), a trainable weight one step up, or two different weights of one tensor swapped.
+random one: either on 2 ranks, rank 1 or 2 on 3, rank 2 or 3 on 4, a middle one on 3 or 4,
+so comparing two ranks alone fails) differs in one of three ways, spread so that every check
+meets all three: a weight of the frozen layer one float32 step up (the next representable number), a
+trainable weight one step up, or two different weights of one tensor swapped.
 A float32 sum or mean of the weights can round the step away and a tolerance forgives it; a
 sum, a norm, a sorted copy or any checksum that ignores positions cannot see the swap;
 skipping frozen weights misses the first. Last, on one world size, the weights hold a NaN
@@ -170,10 +171,12 @@ def _trial(fn, dealt, salt: int):
 
 
 def odd_ranks(seed: int) -> dict[int, int]:
-    """The rank that differs, per world size: on 2 and 3 ranks any (rank 0 included), on 4
-    one of ranks 2 and 3, so an answer that compares ranks 0 and 1 only misses it."""
+    """The rank that differs, per world size: on 2 ranks either (rank 0 included), on 3 rank
+    1 or 2, on 4 rank 2 or 3, and one of them a middle rank: an answer that compares ranks 0
+    and 1 alone, or the first and the last rank alone, misses one every time."""
     draw = {n: int(torch.randint(0, n, (1,), generator=generator(seed, n))) for n in WORLD_SIZES}
-    return {**draw, 4: 2 + draw[4] % 2}
+    on_3 = 1 + draw[3] % 2
+    return {**draw, 3: on_3, 4: 2 if on_3 == 2 else 2 + draw[4] % 2}
 
 
 def _one_trial(fn, seed: int, n: int, odd: int | None, how: str) -> None:
