@@ -478,7 +478,7 @@ MUTANTS = [
     ("00.max_over_ranks", numbers_in_the_callers_frames,
      "frames above your function|own value|expected the largest"),
     ("00.max_over_ranks", max_through_the_store, "Store.set is closed"),
-    ("00.max_over_ranks", max_through_files, "is closed in this exercise: data moved through files"),
+    ("00.max_over_ranks", max_through_files, "closed in this exercise: data moved through"),
     ("00b.weights_agree", agrees_with_itself, "yet every rank answered True"),
     ("00b.weights_agree", compares_with_rank0, "must give the same answer"),
     ("00b.weights_agree", compares_with_rank0_by_the_group, "must give the same answer"),
