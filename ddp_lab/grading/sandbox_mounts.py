@@ -14,6 +14,7 @@ https://man7.org/linux/man-pages/man7/mount_namespaces.7.html).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32  # <sys/mount.h>
@@ -27,7 +28,7 @@ KEPT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
 FRESH = ("/tmp", "/dev/shm", "/run")  # empty tmpfs mounts of the sandbox's own
 # /run holds the machine's Unix sockets (D-Bus, systemd's user managers, Docker's): a
 # read-only mount does not stop a connect(), and a service behind one may act for us.
-PARENT_SIZE = "1m"  # the tmpfs that hides the folder's parent holds only a folder name
+COVER_SIZE = "1m"  # a tmpfs that hides a folder holds only the names of the paths put back
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -40,15 +41,15 @@ class MountRefused(OSError):
 
 def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int],
           hidden: list[str]) -> None:
-    """Give this process's (new) mount namespace the sandbox's view: ``folder`` is an
-    absolute, resolved path, ``kept`` a descriptor of it opened in this mount
-    namespace before the change of user (nobody may not reach it by its path), ``scratch_bytes`` the size
-    of each private tmpfs, ``needed`` the folders the command needs (the Python, the
-    package) with descriptors opened like ``kept``, ``hidden`` paths to cover. Runs in the new PID namespace (its
-    /proc shows that one)."""
+    """Give this process's (new) mount namespace the sandbox's view. ``folder`` is an
+    absolute, resolved path and ``kept`` a descriptor of it, opened in this namespace
+    before the change of user (nobody may not reach it by its path); ``needed``: the
+    folders the command needs (the Python, the package), with descriptors opened alike;
+    ``hidden``: paths to cover; ``scratch_bytes``: the size of each private tmpfs. Runs
+    in the new PID namespace (its /proc shows that one)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do reaches the machine's
     for point, options in _mount_points():
-        mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | options)
+        _read_only_at(point, options)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for place in FRESH:
         if os.path.isdir(place):
@@ -58,19 +59,20 @@ def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int],
               "newinstance,ptmxmode=0666,mode=620")
     for path in hidden:
         conceal(path)
-    for path, descriptor in needed.items():
-        if not os.access(path, os.R_OK | os.X_OK):
-            expose(path, descriptor)
-    put_back(folder, kept)
+    covers = [bind_back(path, descriptor, writable=False)
+              for path, descriptor in needed.items()
+              if not os.access(path, os.R_OK | os.X_OK)]
+    covers.append(bind_back(folder, kept, writable=True, alone=True))
+    for cover in covers:  # last: folders were made in them until now
+        if cover is not None:
+            read_only(cover)
 
 
 def conceal(path: str) -> None:
     """Cover ``path``: a folder with an empty read-only tmpfs, a file with /dev/null;
     nothing where the command could not reach it anyway (a fresh tmpfs, a folder it
     cannot enter)."""
-    if any(path == place or path.startswith(place + "/") for place in FRESH):
-        return
-    if not os.path.lexists(path):
+    if _fresh(path) or not os.path.lexists(path):
         return
     if os.path.isdir(path):
         tmpfs(path, "size=4k,mode=755")
@@ -79,43 +81,50 @@ def conceal(path: str) -> None:
     read_only(path)
 
 
-def expose(path: str, kept: int) -> None:
-    """Make ``path`` (a folder open as ``kept``) reachable, read-only, by the sandbox's
-    user, who cannot enter one of its parents (root's Python under /root, which is 0700):
-    an empty tmpfs over that parent (what else it holds stays hidden), ``path`` bound
-    into it."""
-    blocked = path
-    for parent in _ancestors(path):
-        if not os.access(parent, os.X_OK):
-            blocked = parent
-            break
-    tmpfs(blocked, "size=1m,mode=755")
+def bind_back(path: str, kept: int, writable: bool, alone: bool = False) -> str | None:
+    """Mount the folder open as ``kept`` at ``path`` again, for the sandbox's user to
+    reach: under an empty tmpfs over the first of its parents that user cannot enter
+    (root's Python under /root, which is 0700), or, if ``alone``, over its own parent
+    (other submissions live beside the folder; not needed in a fresh tmpfs). Returns
+    that tmpfs's place, to be made read-only once every folder is in."""
+    parent = os.path.dirname(path)
+    cover = _first_blocked(path) or (parent if alone and not _fresh(parent) else None)
+    if cover is not None:
+        os.makedirs(cover, exist_ok=True)  # only in a tmpfs of ours: it exists outside
+        tmpfs(cover, f"size={COVER_SIZE},mode=755")
     os.makedirs(path, exist_ok=True)
     mount(f"/proc/self/fd/{kept}", path, None, MS_BIND | MS_REC)
-    read_only(path)
-    read_only(blocked)
+    mount(None, path, None,
+          MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY))
+    return cover
 
 
-def _ancestors(path: str) -> list[str]:
-    """``/a/b/c`` -> ``/a``, ``/a/b``: the folders one passes through to reach it."""
+def _first_blocked(path: str) -> str | None:
+    """The first folder on the way to ``path`` that this user cannot enter; None if
+    there is none, or if the way leads into a tmpfs of ours where it does not exist yet."""
     parts = path.strip("/").split("/")[:-1]
-    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    for place in ("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)):
+        if not os.path.exists(place):
+            return None
+        if not os.access(place, os.X_OK):
+            return place
+    return None
 
 
-def put_back(folder: str, kept: int) -> None:
-    """Mount the folder open as ``kept`` at ``folder`` again, writable, in an empty tmpfs
-    over its parent (other submissions live beside it), unless the parent is already in
-    one of the fresh tmpfs mounts."""
-    parent = os.path.dirname(folder)
-    fresh = any(parent == place or parent.startswith(place + "/") for place in FRESH)
-    os.makedirs(parent, exist_ok=True)  # only where a fresh tmpfs hid it
-    if not fresh:
-        tmpfs(parent, f"size={PARENT_SIZE},mode=755")
-    os.makedirs(folder, exist_ok=True)
-    mount(f"/proc/self/fd/{kept}", folder, None, MS_BIND | MS_REC)
-    mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
-    if not fresh:
-        read_only(parent)  # the tmpfs that hides the neighbours is no scratch space
+def _fresh(path: str) -> bool:
+    """Whether ``path`` lies in one of the sandbox's own empty tmpfs mounts."""
+    return any(path == place or path.startswith(place + "/") for place in FRESH)
+
+
+def _read_only_at(point: str, options: int) -> None:
+    """Remount the mount at ``point`` read-only; skip one the sandbox's user cannot
+    reach by its path (it lies under a folder that user cannot enter, or under another
+    mount): the command cannot reach it either."""
+    try:
+        mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | options)
+    except MountRefused as exc:
+        if exc.errno not in (errno.EACCES, errno.ENOENT):
+            raise
 
 
 def tmpfs(place: str, options: str) -> None:

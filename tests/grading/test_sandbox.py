@@ -562,3 +562,26 @@ def test_a_file_past_the_budget_is_stopped(folders, writer):
         assert done.returncode == -signal.SIGXFSZ, done
     assert done.reason == "wrote a file larger than 256 MiB"
     assert (mine / "big").stat().st_size <= 256 << 20
+
+
+def test_a_folder_inside_a_folder_only_root_may_enter(folders):
+    """Root's grader keeps its work in folders of mode 0700 (mkdtemp's): the sandbox,
+    running as nobody, still gets its folder, and nothing else of that private folder."""
+    import shutil
+    import tempfile
+    if os.geteuid() != 0:
+        pytest.skip("root's sandbox runs as nobody: that is the case to prove")
+    private = Path(tempfile.mkdtemp(prefix="ddp-lab-sandbox-test-", dir="/var/tmp"))
+    try:
+        (private / "key").write_text("the grader's secret")
+        mine = private / "work" / "mine"
+        mine.mkdir(parents=True)
+        done = python(f"""
+            import os
+            open('answer', 'w').write('42')
+            print(sorted(os.listdir({str(private)!r})), sorted(os.listdir('..')))
+            """, mine)
+        assert done.stdout.strip() == "['work'] ['mine']", done
+        assert (mine / "answer").read_text() == "42"
+    finally:
+        shutil.rmtree(private)
