@@ -130,10 +130,15 @@ def check_counting_hook(hook) -> str:
     expected = ITERATIONS * MODEL.parameters * 4
     lateness = {n: (seed % n, 0.5 + seed % 300 / 1000 if n > 1 else 0.0) for n in WORLD_SIZES}
 
-    def judge(result: dict, rank: int, n: int) -> str | None:
+    def judge_world(results: list, n: int) -> None:
+        """A hook that waited is said first, on any rank: its gradients may be wrong too
+        (read before its all-reduce finished), and the wait is the mistake."""
         late_rank, late_s = lateness[n]
-        if rank != late_rank:
-            _judge_returns(on(n, seed), rank, result["late_returns"], late_rank, late_s)
+        for rank, result in enumerate(results):
+            if rank != late_rank:
+                _judge_returns(on(n, seed), rank, result["late_returns"], late_rank, late_s)
+
+    def judge(result: dict, rank: int, n: int) -> str | None:
         for it, theirs in enumerate(result["grads"]):
             ours = torch.stack([local[n][r][it] for r in range(n)]).mean(0)
             problem = diagnose(theirs, ours, local[n][rank][it], n)
@@ -143,7 +148,8 @@ def check_counting_hook(hook) -> str:
         return None
 
     each_world(_trial, lambda n: (hook, deal([(state, mine) for mine in inputs[n]]),
-                                  *lateness[n]), judge, seed, timeout=15)
+                                  *lateness[n]), judge, seed, timeout=15,
+               judge_world=judge_world)
     return (f"DDP's gradients, every byte counted and sent, the Future returned before the "
             f"all-reduce finished, on 1-4 ranks (seed {seed})")
 
