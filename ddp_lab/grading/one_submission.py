@@ -9,7 +9,6 @@ result lines. Nothing else the sandboxes wrote counts for a score.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import secrets
@@ -95,19 +94,18 @@ def _exercise_grade(name, nb, attempted, payloads, outcomes, said) -> r.Exercise
 
 @dataclass(frozen=True)
 class _Sandbox:
-    """``run_sandboxed`` with the budgets and the hidden paths (where this sandbox.py can
-    hide paths); the wall-clock budget is given per step."""
+    """``run_sandboxed`` with the budgets and the hidden paths (every submission of the
+    class and the grades: no submission reads another); the wall-clock budget is given per
+    step."""
 
     budgets: Budgets
     hidden: tuple[Path, ...]
 
     def run(self, argv: list[str], folder: Path, wall_s: float):
-        hide = {"hidden": self.hidden} if self.hidden and "hidden" in inspect.signature(
-            run_sandboxed).parameters else {}
         return run_sandboxed(argv, folder, wall_s=wall_s,
                              memory_bytes=self.budgets.memory_bytes,
                              max_processes=self.budgets.max_processes,
-                             env=sandbox_env(folder), **hide)
+                             env=sandbox_env(folder), hidden=self.hidden)
 
 
 def _harvest(submission, work: Path, sandbox: _Sandbox, cell_s: float, notes: list[str]):
