@@ -164,8 +164,32 @@ time.sleep(600)
     assert_namespaces_gone(namespaces_in(done.stdout))
 
 
-def test_a_fork_bomb_fails_to_fork_and_is_stopped(folders):
+NEIGHBOUR = """
+import os, time
+for _ in range(40):  # keeps forking while the bomb goes off next door (same user: nobody)
+    children = []
+    for _ in range(8):
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        children.append(child)
+    for child in children:
+        os.waitpid(child, 0)
+    time.sleep(0.05)
+print('forked 320 children')
+"""
+
+
+def test_a_fork_bomb_fails_to_fork_and_is_stopped(folders, tmp_path):
+    """The bomb's forks fail at its budget and it is stopped; a submission graded beside
+    it, as the same user, forks all it wants meanwhile."""
+    import threading
     mine, _ = folders
+    (tmp_path / "next" / "door").mkdir(parents=True)
+    beside = {}
+    neighbour = threading.Thread(target=lambda: beside.update(done=python(
+        NEIGHBOUR, tmp_path / "next" / "door")))
+    neighbour.start()
     start = time.monotonic()
     done = python(SAY_NAMESPACES + """
 import json
@@ -184,6 +208,8 @@ while True:
     assert "fork refused" in done.stdout
     assert time.monotonic() - start < 20
     assert_namespaces_gone(namespaces_in(done.stdout))
+    neighbour.join(60)
+    assert beside["done"].stdout == "forked 320 children\n", beside["done"]
 
 
 def test_memory_past_the_budget_is_refused(folders):
