@@ -12,8 +12,13 @@ the launcher's namespaces.py), whose docstring says how. Run as root, the comman
 cannot gain one, and everything it starts lives in its PID namespace, which dies with
 it. Nested namespaces still work inside (ddp_lab.run makes its own network namespaces).
 
-What the sandbox does not bound: the disk space of files written into ``folder`` (each
-file is at most ``memory_bytes``; there is no quota), and CPU time within ``wall_s``.
+What the sandbox does not bound: the memory of all its processes together (each may map
+``memory_bytes``, and there are at most ``max_processes``; its /tmp, /dev/shm and /run are
+tmpfs mounts of ``memory_bytes`` each; a total would take a cgroup, which needs root or
+systemd's delegation), the disk space of files written into ``folder`` (each file is at
+most ``memory_bytes``; there is no quota), and CPU time within ``wall_s``. An
+unprivileged caller's sandbox runs as that caller, so it can read what the caller can
+(root's runs as ``nobody``, and reads only what the world may).
 """
 
 from __future__ import annotations
