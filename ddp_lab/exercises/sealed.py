@@ -29,6 +29,7 @@ import contextlib
 import functools
 import hashlib
 import importlib
+import inspect
 import os
 import pickle
 import sys
@@ -160,12 +161,15 @@ def _add_prints(obj, what: str, prints: dict) -> None:
 
 
 def _codes_of(obj) -> list:
-    """The code objects of a function, or of every function a class defines."""
+    """The code objects of a function, or of every function a class defines: whole
+    functions only (a fingerprint covers the code nested in it). A comprehension or a lambda
+    alone is too small to call anybody's: ``[torch.empty_like(t) for _ in range(n)]`` in a
+    reference is also in many right answers."""
     if isinstance(obj, type):
         return [code for value in vars(obj).values() if not isinstance(value, type)
                 for code in _codes_of(_unwrapped(value))]
     code = getattr(obj, "__code__", None)
-    return list(_nested(code)) if isinstance(code, types.CodeType) else []
+    return [code] if isinstance(code, types.CodeType) else []
 
 
 def _unwrapped(value):
@@ -215,6 +219,7 @@ class _State:
     depth = 0
     refusals: list[str] = []
     protected: set[int] = set()
+    frames: list = []
     own: set[int] = set()
     judged: dict[int, tuple] = {}
     unsetting = False
@@ -251,11 +256,12 @@ def _open_seal(seal: Sealed) -> None:
     if not _HOOKED:
         sys.addaudithook(_audit)
         _HOOKED = True
-    frame, protected = sys._getframe(), set()
-    while frame is not None:
-        protected.add(id(frame))
+    frame, frames = sys._getframe(), []
+    while frame is not None:  # kept alive while the seal is open: their ids stay theirs
+        frames.append(frame)
         frame = frame.f_back
-    _STATE.protected, _STATE.refusals, _STATE.judged = protected, [], {}
+    _STATE.frames, _STATE.protected = frames, {id(frame) for frame in frames}
+    _STATE.refusals, _STATE.judged = [], {}
     _STATE.undo = contextlib.ExitStack()
     if "threads" in seal.closed:
         _close_threads(_STATE.undo)
@@ -270,6 +276,7 @@ def _close_seal() -> list[str]:
     _STATE.seal = None
     _STATE.undo.close()
     refusals, _STATE.refusals, _STATE.judged = _STATE.refusals, [], {}
+    _STATE.frames, _STATE.protected = [], set()
     return refusals
 
 
@@ -359,11 +366,41 @@ def _close_store(stack: contextlib.ExitStack) -> None:
     from torch._C import _distributed_c10d as c10d
     for name in STORE_METHODS:
         if hasattr(c10d.Store, name):
-            stack.enter_context(_patched(c10d.Store, name, _refuser("store", f"Store.{name}")))
+            stack.enter_context(_patched(c10d.Store, name, _store_refuser(
+                getattr(c10d.Store, name), f"Store.{name}")))
     for kind in ("TCPStore", "FileStore", "HashStore", "PrefixStore"):
         if hasattr(c10d, kind):
-            stack.enter_context(_patched(getattr(c10d, kind), "__init__",
-                                         _refuser("store", f"a new {kind}")))
+            cls = getattr(c10d, kind)
+            stack.enter_context(_patched(cls, "__init__", _store_refuser(
+                cls.__init__, f"a new {kind}")))
+
+
+def _store_refuser(original, what: str):
+    """The store door: closed to the learner's code, open to torch making a process group
+    (``dist.new_group`` agrees on the group through the store) and to the checkers' own
+    instruments (the seal lifted)."""
+    def refuse_or_pass(*args, **kwargs):
+        if _STATE.seal is None or _making_a_group():
+            return original(*args, **kwargs)
+        _refuse(f"{what} is closed in this exercise: {WHY['store']}")
+    return refuse_or_pass
+
+
+GROUP_MAKERS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
+                "_new_group_with_tag", "init_device_mesh")
+
+
+def _making_a_group() -> bool:
+    """Whether torch's own code that makes a process group is on this stack."""
+    import torch.distributed.distributed_c10d as c10d
+    makers = {inspect.unwrap(getattr(c10d, name)).__code__ for name in GROUP_MAKERS
+              if hasattr(c10d, name)}  # unwrapped: torch's loggers wrap each in one code
+    frame = sys._getframe(2)
+    while frame is not None and id(frame) not in _STATE.protected:
+        if frame.f_code in makers:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _refuser(door: str, what: str):
@@ -433,9 +470,10 @@ def _refused_event(event: str, args: tuple, closed: tuple) -> str | None:
 
 
 def _holds_reference(code: types.CodeType) -> bool:
-    """Code compiled from a string that holds a reference (not an import of the package's
-    own module, whose functions refuse when called)."""
-    if os.path.realpath(code.co_filename).startswith(PACKAGE):
+    """Code compiled from a string (``exec(source)``: no file of that name) that holds a
+    whole reference function. An import reads a file: a reference imported from the package
+    refuses when called, and a module of the learner's own is the learner's code."""
+    if os.path.exists(code.co_filename):
         return False
     return any(fingerprint(inner) in _STATE.seal.references for inner in _nested(code))
 
