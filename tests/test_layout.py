@@ -17,14 +17,16 @@ MAX_LINES = 300
 # torch (a reader follows each one without the rest of the package); the course uses the
 # launcher, the scratch code and the exercises, and runs the worker scripts (which train with
 # the course's code); the exercises check the learner against the course's runs and the
-# scratch references; tools may use all. Nothing imports tools.
+# scratch references; grading (instructor mode) runs the exercises' checkers on submissions;
+# tools may use all. Only grading imports tools (it runs notebooks as the runner does).
 ALLOWED = {
     "launch": {"launch"},
     "scratch": {"scratch"},
     "course": {"launch", "course", "scripts", "scratch", "exercises"},
     "exercises": {"launch", "course", "scratch", "exercises"},
     "scripts": {"launch", "course", "scripts"},
-    "tools": {"launch", "course", "scripts", "scratch", "exercises", "tools"},
+    "grading": {"launch", "course", "exercises", "tools", "grading"},
+    "tools": {"launch", "course", "scripts", "scratch", "exercises", "tools", "grading"},
 }
 
 

@@ -62,7 +62,7 @@ def test_readme_python_blocks_run_as_pasted(tmp_path):
     assert [10.0] * 4 in results                        # the launcher API's first block
     assert [1.0, 1.0] in results                        # train.py through run_script
     assert [12.0] * 4 in [s["total"] for s in seen]     # %%ddp --push scale
-    assert "not solved yet" in out and "02.all_gather: passed" in out
+    assert "not solved yet" in out  # the exercises block (the reference itself is refused)
     # the verdict of a collective timeout: the late rank, and the ranks that waited for it
     assert "rank 2 never joined the all_reduce that ranks 0, 1 waited in; they timed out " \
            "(victims). It was still in its own code when they gave up (straggler," in out

@@ -27,33 +27,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import importlib
-import inspect
 import os
 import pickle
 import sys
 import types
-from pathlib import Path
 
 from ddp_lab.course.collective_trace import BuiltinSwitchedOff
+from ddp_lab.exercises.dealt import Dealt, deal  # noqa: F401 - the seal's public face
+from ddp_lab.exercises.fingerprints import PACKAGE, codes_of, fingerprint, nested, \
+    own_cell_code, reference_prints
+from ddp_lab.exercises.seal_doors import close_store, close_threads
+from ddp_lab.exercises.seal_events import (DOORS, FILE_EVENTS, GC_EVENTS, PROCESS_EVENTS,
+                                           SEAL_EVENTS, WHY, readable, writes)
 from ddp_lab.launch import payload
-
-# What a learner's function finds closed unless its exercise opens it (Exercise.open_doors).
-DOORS = ("threads", "store", "files", "sockets", "frames", "gc", "subprocess")
-
-WHY = {
-    "threads": "a thread of your own runs outside what the check watches: call the collectives "
-               "from your function",
-    "store": "the store is the ranks' rendezvous, not a way to move the exercise's data: use "
-             "the collectives",
-    "files": "data moved through files goes around the exercise: use the collectives",
-    "sockets": "a socket of your own goes around the exercise: use the collectives",
-    "frames": "the checker's frames are not yours to read: everything your function needs is "
-              "in its arguments",
-    "gc": "the garbage collector's lists are not a way into the checker: use your arguments",
-    "subprocess": "other processes run outside what the check watches",
-}
 
 
 class Sealed:
@@ -106,107 +92,11 @@ def sealed(fn, exercise) -> Sealed:
     return Sealed(fn, exercise)
 
 
-class Dealt:
-    """Every rank's inputs, made by the checker: each rank takes its own, and the others'
-    are wiped from its memory before the learner's function runs."""
-
-    def __init__(self, per_rank: list):
-        self.items = [bytearray(payload.dumps(value)) for value in per_rank]
-
-    def take(self, rank: int | None = None):
-        """This rank's item (``rank`` defaults to ``dist.get_rank()``); every item's bytes
-        are zeroed in place, so a second take, or a look at this object, finds nothing."""
-        if self.items is None:
-            raise RuntimeError("these inputs were taken already")
-        if rank is None:
-            import torch.distributed as dist
-            rank = dist.get_rank()
-        mine = pickle.loads(bytes(self.items[rank]))
-        for item in self.items:
-            item[:] = bytes(len(item))
-        self.items = None
-        return mine
-
-
-def deal(per_rank: list) -> Dealt:
-    """``per_rank[r]`` for rank r only: pass the result in a trial's arguments, and call
-    ``.take()`` on it in the rank before the learner's function runs."""
-    return Dealt(per_rank)
-
-
 # -- the references -----------------------------------------------------------------------
-def reference_prints(exercise) -> dict[str, str]:
-    """{fingerprint: what it is} of every exercise's reference solution and of this
-    exercise's ``answered_by`` targets (each code object inside them too)."""
-    from ddp_lab.exercises.registry import all_exercises
-    prints: dict[str, str] = {}
-    for other in all_exercises().values():
-        _add_prints(other.solution, f"the reference solution of {other.name}", prints)
-    for target in exercise.answered_by:
-        _add_prints(_resolve(target), f"the course's {target.split(':')[-1]}", prints)
-    return prints
-
-
-def _resolve(target: str):
-    module, _, qualified = target.partition(":")
-    found = importlib.import_module(module)
-    for part in qualified.split("."):
-        found = getattr(found, part)
-    return found
-
-
-def _add_prints(obj, what: str, prints: dict) -> None:
-    for code in _codes_of(obj):
-        prints.setdefault(fingerprint(code), what)
-
-
-def _codes_of(obj) -> list:
-    """The code objects of a function, or of every function a class defines: whole
-    functions only (a fingerprint covers the code nested in it). A comprehension or a lambda
-    alone is too small to call anybody's: ``[torch.empty_like(t) for _ in range(n)]`` in a
-    reference is also in many right answers."""
-    if isinstance(obj, type):
-        return [code for value in vars(obj).values() if not isinstance(value, type)
-                for code in _codes_of(_unwrapped(value))]
-    code = getattr(obj, "__code__", None)
-    return [code] if isinstance(code, types.CodeType) else []
-
-
-def _unwrapped(value):
-    """The function inside a staticmethod, classmethod or property."""
-    for attribute in ("__func__", "fget"):
-        inner = getattr(value, attribute, None)
-        if isinstance(inner, types.FunctionType):
-            return inner
-    return value if isinstance(value, types.FunctionType) else None
-
-
-def _nested(code: types.CodeType):
-    yield code
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            yield from _nested(constant)
-
-
-def fingerprint(code: types.CodeType) -> str:
-    """A code object by value: its bytecode, names and constants (nested code by its own
-    fingerprint), not where it was compiled: a copy under another file or line has it too.
-    A leading string constant (the docstring) is left out."""
-    consts = code.co_consts[1:] if code.co_consts[:1] and isinstance(code.co_consts[0], str) \
-        else code.co_consts
-    parts = (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_argcount,
-             code.co_kwonlyargcount,
-             tuple(fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in consts))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
-
-
-PACKAGE = str(Path(__file__).resolve().parents[1])
-
-
 def _refuse_reference_objects(fn, seal: Sealed) -> None:
     """The learner's function must be the learner's code: a reference's own code object
     (``ex.solution(...)`` under another name, a ``__code__`` copy) comes from the package."""
-    for code in _codes_of(fn):
+    for code in codes_of(fn):
         what = seal.references.get(fingerprint(code))
         if what and os.path.realpath(code.co_filename).startswith(PACKAGE):
             _refuse(f"{seal.__name__} is {what}, not code of your own: write the function "
@@ -224,6 +114,10 @@ class _State:
     judged: dict[int, tuple] = {}
     unsetting = False
     undo: contextlib.ExitStack | None = None
+
+    @staticmethod
+    def refuse(message: str):
+        _refuse(message)
 
 
 _STATE = _State()
@@ -264,9 +158,9 @@ def _open_seal(seal: Sealed) -> None:
     _STATE.refusals, _STATE.judged = [], {}
     _STATE.undo = contextlib.ExitStack()
     if "threads" in seal.closed:
-        _close_threads(_STATE.undo)
+        close_threads(_STATE.undo, _STATE)
     if "store" in seal.closed:
-        _close_store(_STATE.undo)
+        close_store(_STATE.undo, _STATE)
     _STATE.seal = seal
     _set_profile(_profile)
 
@@ -303,25 +197,12 @@ def _profile(frame, event, arg):
     if verdict is None:
         what = _STATE.seal.references.get(fingerprint(code)) if _STATE.seal else None
         verdict = _STATE.judged[id(code)] = (code, what)  # the code object kept: ids stay unique
-    if verdict[1] and not _own_cell_code(code):
+    if verdict[1] and not own_cell_code(code):
         # Python unsets a profile function that raises (an audited sys.setprofile): let that
         # through; the refusal is sticky, so the seal still fails the call on leaving.
         _STATE.unsetting = True
         _refuse(f"{verdict[1]} is out of reach while your function is checked: write it "
                 "yourself")
-
-
-def _own_cell_code(code: types.CodeType) -> bool:
-    """A reference pasted into a notebook cell is the learner's own code (solved mode does
-    that): compiled from a cell (IPython's ``ipykernel_PID/...py`` or ``<...>`` names), not
-    from the package's file and not by ``exec`` of a string (``<string>``)."""
-    name = code.co_filename
-    if name.startswith("<"):
-        return name not in NOT_CELLS and not name.startswith("<frozen")
-    return "/ipykernel_" in name and not os.path.realpath(name).startswith(PACKAGE)
-
-
-NOT_CELLS = ("<string>", "<stdin>", "<unknown>")
 
 
 def instrument(method):
@@ -345,94 +226,6 @@ def instrument(method):
     return lifted
 
 
-# -- the doors ------------------------------------------------------------------------------
-def _close_threads(stack: contextlib.ExitStack) -> None:
-    import _thread
-    import threading
-    refuse = _refuser("threads", "starting a thread")
-    for module, name in ((_thread, "start_new_thread"), (_thread, "start_joinable_thread"),
-                         (threading, "_start_new_thread"),
-                         (threading, "_start_joinable_thread")):
-        if hasattr(module, name):
-            stack.enter_context(_patched(module, name, refuse))
-
-
-STORE_METHODS = ("set", "compare_set", "get", "add", "check", "delete_key", "num_keys", "wait",
-                 "append", "multi_get", "multi_set", "queue_push", "queue_pop", "queue_len",
-                 "list_keys", "barrier", "clone")
-
-
-def _close_store(stack: contextlib.ExitStack) -> None:
-    from torch._C import _distributed_c10d as c10d
-    for name in STORE_METHODS:
-        if hasattr(c10d.Store, name):
-            stack.enter_context(_patched(c10d.Store, name, _store_refuser(
-                getattr(c10d.Store, name), f"Store.{name}")))
-    for kind in ("TCPStore", "FileStore", "HashStore", "PrefixStore"):
-        if hasattr(c10d, kind):
-            cls = getattr(c10d, kind)
-            stack.enter_context(_patched(cls, "__init__", _store_refuser(
-                cls.__init__, f"a new {kind}")))
-
-
-def _store_refuser(original, what: str):
-    """The store door: closed to the learner's code, open to torch making a process group
-    (``dist.new_group`` agrees on the group through the store) and to the checkers' own
-    instruments (the seal lifted)."""
-    def refuse_or_pass(*args, **kwargs):
-        if _STATE.seal is None or _making_a_group():
-            return original(*args, **kwargs)
-        _refuse(f"{what} is closed in this exercise: {WHY['store']}")
-    return refuse_or_pass
-
-
-GROUP_MAKERS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group",
-                "_new_group_with_tag", "init_device_mesh")
-
-
-def _making_a_group() -> bool:
-    """Whether torch's own code that makes a process group is on this stack."""
-    import torch.distributed.distributed_c10d as c10d
-    makers = {inspect.unwrap(getattr(c10d, name)).__code__ for name in GROUP_MAKERS
-              if hasattr(c10d, name)}  # unwrapped: torch's loggers wrap each in one code
-    frame = sys._getframe(2)
-    while frame is not None and id(frame) not in _STATE.protected:
-        if frame.f_code in makers:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _refuser(door: str, what: str):
-    def refuse(*args, **kwargs):
-        _refuse(f"{what} is closed in this exercise: {WHY[door]}")
-    return refuse
-
-
-@contextlib.contextmanager
-def _patched(target, name: str, value):
-    original = target.__dict__[name] if name in getattr(target, "__dict__", {}) else \
-        getattr(target, name)
-    setattr(target, name, value)
-    try:
-        yield
-    finally:
-        setattr(target, name, original)
-
-
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-FILE_EVENTS = {"os.mkfifo", "os.mknod", "os.link", "os.symlink", "os.rename", "os.remove",
-               "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.chown", "os.utime",
-               "shutil.copyfile", "shutil.copytree", "shutil.move", "shutil.rmtree",
-               "mmap.__new__", "tempfile.mkstemp", "tempfile.mkdtemp"}
-PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
-                  "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
-                  "os.startfile"}
-GC_EVENTS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents"}
-SEAL_EVENTS = {"sys.setprofile", "sys.settrace", "sys.addaudithook", "sys._current_frames",
-               "ctypes.string_at", "ctypes.wstring_at", "ctypes.dlsym", "ctypes.dlopen"}
-
-
 def _audit(event: str, args: tuple) -> None:
     """The audit hook (installed once, for good): while a seal is open, the closed doors'
     events refuse. Everything outside a seal passes untouched."""
@@ -451,9 +244,9 @@ def _refused_event(event: str, args: tuple, closed: tuple) -> str | None:
     if event in SEAL_EVENTS:
         door = "subprocess" if event.startswith("ctypes") else "frames"
         return f"{event} is closed while your function is checked: {WHY[door]}"
-    if event == "open" and "files" in closed and _writes(args):
+    if event == "open" and "files" in closed and writes(args):
         return f"writing {args[0]!r} is closed in this exercise: {WHY['files']}"
-    if event == "open" and "files" in closed and not _readable(args[0]):
+    if event == "open" and "files" in closed and not readable(args[0]):
         return f"reading {args[0]!r} is closed in this exercise: {WHY['files']}"
     for door, events in (("files", FILE_EVENTS), ("subprocess", PROCESS_EVENTS),
                          ("gc", GC_EVENTS)):
@@ -475,35 +268,7 @@ def _holds_reference(code: types.CodeType) -> bool:
     refuses when called, and a module of the learner's own is the learner's code."""
     if os.path.exists(code.co_filename):
         return False
-    return any(fingerprint(inner) in _STATE.seal.references for inner in _nested(code))
-
-
-def _writes(args: tuple) -> bool:
-    _, mode, flags = (tuple(args) + (None, None, None))[:3]
-    if isinstance(mode, str):
-        return any(c in mode for c in "wax+")
-    return isinstance(flags, int) and bool(flags & WRITE_FLAGS)
-
-
-def _readable(path) -> bool:
-    """Reading is open for Python's and the packages' own files and for modules anywhere
-    (imports, source lines), and closed elsewhere: the run's folder holds the payload every
-    rank was sent."""
-    if isinstance(path, int):
-        return True
-    try:
-        where = os.path.realpath(os.fsdecode(path))
-    except (TypeError, ValueError):
-        return False
-    return (where.startswith(_READABLE) or where.endswith(SOURCE_SUFFIXES)
-            or where in ("/dev/null", "/dev/urandom"))
-
-
-SOURCE_SUFFIXES = (".py", ".pyc", ".so")  # what an import reads, wherever the module lives
-
-
-_READABLE = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix,
-                                                          sys.exec_prefix, PACKAGE)})
+    return any(fingerprint(inner) in _STATE.seal.references for inner in nested(code))
 
 
 def _reaches_checker(event: str, args: tuple) -> bool:

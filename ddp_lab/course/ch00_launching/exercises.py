@@ -33,7 +33,7 @@ def max_over_ranks(value: float) -> float:
 
 def rank_values(seed: int, n: int) -> list[float]:
     """One number per rank, in [-100, 100) with three decimals; on one world size of 2-4
-    ranks (the seed's) all of them negative, so a maximum started at 0, or over a tensor of
+    ranks (the check's seed picks which) all of them negative, so a maximum started at 0, or over a tensor of
     zeros with one slot per rank, says 0 (on 1 rank such a tensor holds the value alone)."""
     values = [round(torch.rand((), generator=generator(seed, n, rank)).item() * 200 - 100, 3)
               for rank in range(n)]

@@ -54,7 +54,7 @@ def weights_agree(model: torch.nn.Module) -> bool:
 
 
 def _model(seed: int, bits: bool = False) -> torch.nn.Module:
-    """The same weights on every rank; sizes only the seed value decides. The last layer is
+    """The same weights on every rank; sizes only the check's seed decides. The last layer is
     frozen, as a fine-tuned model's embedding or a pretrained backbone would be. Weights are
     odd multiples of 1/512: every sum of them or of their squares (under 100 weights) is then
     exact in float32, in any order, so a norm or a checksum never sees a swap by rounding (a

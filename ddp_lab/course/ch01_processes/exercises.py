@@ -187,7 +187,7 @@ def _print_trial(fn, dealt):
 
 
 def _lines(seed: int, n: int) -> list[str]:
-    """Each rank's line: a number drawn from the seed, not the seed."""
+    """Each rank's line: a number drawn from the check's seed, not that number itself."""
     said = int(torch.randint(100, 1000, (1,), generator=generator(seed, 13)))
     return [f"rank {r} says {said + r}" for r in range(n)]
 

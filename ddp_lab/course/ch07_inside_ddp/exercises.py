@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import plain
+from ddp_lab.exercises.answers_in_a_rank import plain
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.course.models import MLPConfig, make_mlp
 from ddp_lab.course.params import flat_grads

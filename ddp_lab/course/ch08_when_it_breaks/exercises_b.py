@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import answers, other
+from ddp_lab.exercises.answers_in_a_rank import answers, other
 from ddp_lab.exercises.driver import new_seed
 from ddp_lab.exercises.registry import Exercise, ExerciseFailed
 

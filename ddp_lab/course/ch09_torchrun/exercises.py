@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 from ddp_lab.course.collective_trace import (FAMILY_OF, NAMESPACES, NOT_COLLECTIVES,
                                              BuiltinSwitchedOff, CollectiveTrace)
-from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import Other, plain
+from ddp_lab.exercises.answers_in_a_rank import Other, plain
 from ddp_lab.exercises.driver import each_world, generator, new_seed, number_problem
 from ddp_lab.exercises.driver import tensor_problem
 from ddp_lab.exercises.driver import where as on
@@ -107,7 +107,7 @@ def nodes_of(ranks: list[int], local: int) -> set[int]:
 def layout_runs(trial, fn, seed: int, draw):
     """(ranks per node, where, every rank's input, every rank's value) of ``trial`` on each
     layout. ``draw(seed, world, rank)`` makes a rank's input, here: each rank is dealt its
-    own and never sees the seed, the others' inputs or the expected sums."""
+    own and never sees the check's seed, the others' inputs or the expected sums."""
     for world, local in LAYOUTS:
         where = f"{on(world, seed)}, {world // local} node(s) of {local}"
         inputs = [draw(seed, world, rank) for rank in range(world)]

@@ -16,7 +16,7 @@ import random
 
 import torch.cuda
 
-from ddp_lab.course.ch08_when_it_breaks.answers_in_a_rank import Other, answers, other
+from ddp_lab.exercises.answers_in_a_rank import Other, answers, other
 from ddp_lab.course.ch09_torchrun import by_hand
 from ddp_lab.exercises.builtins_off import refusing, replaced
 from ddp_lab.exercises.driver import new_seed

@@ -3,7 +3,7 @@ rank (another process) calls the learner's function on each and returns its answ
 data, and the checker compares them with the expected answers, which never leave it.
 
 Why not call the function in the checker's own process: there, its caller's frames and
-memory hold the seed, the trials and the expected answers, and a function that reads them
+memory hold the check's seed, the trials and the expected answers, and a function that reads them
 (``sys._getframe(1).f_locals``, ``gc``) passes without solving anything. In the rank there is
 nothing of them to find. Answers come back as plain data (``plain`` turns each into Python
 numbers, strings, tuples, or a few words for anything else), so no object of the learner's
