@@ -2,8 +2,8 @@
 failed (with the first line of the feedback), or not checked.
 
 Why not any cell that mentions the exercise: a notebook may check other functions with the
-same checker after the learner's check, to teach (07b checks the reference
-``scratch.DDP`` after the learner's ``MyDDP``; 01 checks a deliberately wrong barrier). The
+same checker after the learner's check, to teach (07b shows the reference ``scratch.DDP``
+refused after the learner's ``MyDDP``; 01 checks a deliberately wrong barrier). The
 learner's check is the first check of the exercise after its stub cell (the code cell
 tagged ``exercise``), preferring one that passes a name the stub cell defines; only its
 outputs count. Pure functions on a notebook node.

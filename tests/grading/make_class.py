@@ -26,9 +26,17 @@ CLASS = Path(__file__).resolve().parent / "class"
 NB = {"00": "00_launching_from_jupyter", "02": "02_point_to_point", "03": "03_collectives"}
 # Where the hostile submissions try to write, read and delete (test_grade.py checks them).
 # (not /tmp: the sandbox gives each process a private one, where a write succeeds unseen)
-OUTSIDE = str(CLASS / "escaped.txt")
+OUTSIDE = CLASS / "escaped.txt"
 CHECKER_FILE = ROOT / "ddp_lab/course/ch00_launching/exercises.py"
 OTHER = CLASS / "right" / f"{NB['00']}.ipynb"
+# The hostile cells find those paths from the package they import, when they run: the
+# notebooks are built once and graded from any clone (CI's is not this one).
+LOCATE = "import pathlib, ddp_lab\nREPO = pathlib.Path(ddp_lab.__file__).resolve().parents[1]\n"
+
+
+def from_repo(path: Path) -> str:
+    """``path`` as an expression a hostile cell evaluates after ``LOCATE``."""
+    return f"REPO / {str(path.relative_to(ROOT))!r}"
 DELETED = "DELETE"  # a cell source that deletes the exercise cell
 
 
@@ -79,8 +87,8 @@ HOSTILE_00 = {
             children.append(pid)
 
         """),
-    "write_outside": f"open({OUTSIDE!r}, 'w').write('escaped')\n\n",
-    "read_other": f"print(open({str(OTHER)!r}).read()[:100])\n\n",
+    "write_outside": f"{LOCATE}open({from_repo(OUTSIDE)}, 'w').write('escaped')\n\n",
+    "read_other": f"{LOCATE}print(open({from_repo(OTHER)}).read()[:100])\n\n",
     "patch_check": textwrap.dedent("""\
         import ddp_lab.exercises as ex
         import torch.distributed
@@ -88,7 +96,7 @@ HOSTILE_00 = {
         torch.distributed.all_reduce = lambda *args, **kwargs: None
 
         """),
-    "delete_checkers": f"import os\nos.remove({str(CHECKER_FILE)!r})\n\n",
+    "delete_checkers": f"{LOCATE}import os\nos.remove({from_repo(CHECKER_FILE)})\n\n",
 }
 
 # The function under each hostile cell, and the exercise's expected status.

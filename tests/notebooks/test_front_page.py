@@ -151,8 +151,8 @@ def _error(ename: str, evalue: str):
 
 
 def test_the_status_is_the_learners_own_check_never_a_reference_check_after_it():
-    """07b as shipped: the learner's check said "not solved yet", then a cell checked the
-    reference ``scratch.DDP``, which passed; 01 checks a wrong function on purpose."""
+    """The learner's check said "not solved yet", then a cell checked other code that
+    passed (as a notebook may, to teach); 01 checks a wrong function on purpose."""
     nb = nbformat.v4.new_notebook(cells=[
         _with_outputs(code('ex.check("07b.your_own_ddp", scratch.DDP)'),
                       _printed("07b.your_own_ddp: passed. before the stub\n")),

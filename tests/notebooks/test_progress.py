@@ -180,14 +180,16 @@ SOLUTION = ("import torch\nimport torch.distributed as dist\n\n"
 
 
 def _course(folder: Path, exercise_source: str) -> None:
-    """Notebook 00's exercise and, after it, a check of the reference that passes (as
-    07b's cell 9 does): the page must report the learner's check only."""
+    """Notebook 00's exercise and, after it, a check of another function that passes
+    (a notebook may check other code with the same checker, to teach): the page must report
+    the learner's check only."""
     stub = code(exercise_source, metadata={"tags": ["exercise"], "exercise": "00.max_over_ranks"})
     cells = [md("# 00 · Tiny\n\nIn this notebook:\n\n1. **max over ranks**: an all-reduce;\n"
                 "2. checking it."),
              stub,
              code('import ddp_lab.exercises as ex\nex.check("00.max_over_ranks", max_over_ranks);'),
-             code('report = ex.check("00.max_over_ranks", ex.solution("00.max_over_ranks"))\n'
+             code(SOLUTION.replace("max_over_ranks", "another_max") +
+                  '\n\nreport = ex.check("00.max_over_ranks", another_max)\n'
                   'assert "passed" in report')]
     folder.mkdir(exist_ok=True)
     nbformat.write(nbformat.v4.new_notebook(cells=cells), folder / "00_tiny.ipynb")
