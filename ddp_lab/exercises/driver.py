@@ -19,6 +19,7 @@ from ddp_lab.exercises.feedback import keep
 from ddp_lab.exercises.feedback_traceback import cut, hidden_note, learners_frames
 from ddp_lab.exercises.feedback_values import layout, short, tensor_difference
 from ddp_lab.exercises.registry import ExerciseFailed
+from ddp_lab.launch.plain_values import plain_values
 
 WORLD_SIZES = (1, 2, 3, 4)
 # A trial on a warm fork server takes well under a second; a learner whose ranks wait for
@@ -76,8 +77,14 @@ def run_ranks(worker, world_size: int, args=(), *, where: str, hang_hint: str = 
     """
     import ddp_lab
     try:
-        return ddp_lab.run(worker, world_size=world_size, args=args, backend="gloo",
-                           timeout=timeout, echo=False).values
+        with plain_values():  # the ranks ran the learner's code: nothing of it runs here
+            return ddp_lab.run(worker, world_size=world_size, args=args, backend="gloo",
+                               timeout=timeout, echo=False).values
+    except ddp_lab.UnreadableResult as err:
+        raise ExerciseFailed(
+            f"{where}, rank {err.rank}: what your function returned is not plain data "
+            f"({err.reasons[err.rank]}): return Python numbers, strings, lists, tuples, "
+            "dicts or torch tensors, not objects of a class of your own") from None
     except ddp_lab.WorkerTimeout as err:
         said = (f"{where}: your function hung (ranks {err.stuck_ranks} still waiting after "
                 f"{timeout:g} s). {hang_hint}").rstrip()

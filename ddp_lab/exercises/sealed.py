@@ -14,7 +14,10 @@ runs the learner's function with
   constants; not its file or line numbers) refuses when it is called, however it was reached.
   A reference pasted into a notebook cell is the learner's own code (solved mode does that);
   the reference's own code object, under any name, is not;
-- the doors of :data:`DOORS` closed, except those the exercise lists in ``open_doors``.
+- the doors of :data:`DOORS` closed, except those the exercise lists in ``open_doors``;
+- the library left as it was: a function, class or module the learner's code rebinds in the
+  launcher, the checkers, torch.distributed or the picklers is put back and the call refused
+  (``seal_patches``: a patch would run the learner's code after the seal is closed).
 
 A refusal raises :class:`BuiltinSwitchedOff` where it happens, and again when the function
 returns if the learner's code caught it. The seal lives in the process that runs the function;
@@ -36,6 +39,7 @@ from ddp_lab.course.collective_trace import BuiltinSwitchedOff
 from ddp_lab.exercises.dealt import Dealt, deal  # noqa: F401 - the seal's public face
 from ddp_lab.exercises.fingerprints import PACKAGE, codes_of, fingerprint, nested, \
     own_cell_code, reference_prints
+from ddp_lab.exercises import seal_patches
 from ddp_lab.exercises.seal_doors import close_store, close_threads
 from ddp_lab.exercises.seal_events import (DOORS, FILE_EVENTS, GC_EVENTS, PROCESS_EVENTS,
                                            SEAL_EVENTS, WHY, readable, writes)
@@ -112,6 +116,7 @@ class _State:
     frames: list = []
     own: set[int] = set()
     judged: dict[int, tuple] = {}
+    library: list = []
     unsetting = False
     undo: contextlib.ExitStack | None = None
 
@@ -156,6 +161,7 @@ def _open_seal(seal: Sealed) -> None:
         frame = frame.f_back
     _STATE.frames, _STATE.protected = frames, {id(frame) for frame in frames}
     _STATE.refusals, _STATE.judged = [], {}
+    _STATE.library = seal_patches.snapshot()  # before the seal's own patches
     _STATE.undo = contextlib.ExitStack()
     if "threads" in seal.closed:
         close_threads(_STATE.undo, _STATE)
@@ -169,6 +175,12 @@ def _close_seal() -> list[str]:
     _set_profile(None)
     _STATE.seal = None
     _STATE.undo.close()
+    rebound = seal_patches.put_back(_STATE.library)
+    if rebound:
+        _STATE.refusals.append(
+            f"your function rebound {', '.join(rebound[:3])}: patching the library is closed "
+            "while your function is checked (it was put back); use it as it is")
+    _STATE.library = []
     refusals, _STATE.refusals, _STATE.judged = _STATE.refusals, [], {}
     _STATE.frames, _STATE.protected = [], set()
     return refusals

@@ -13,9 +13,10 @@ sees the same world under ``ddp_lab`` and under ``launcher="torchrun"``.
 from __future__ import annotations
 
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
+
+from ddp_lab.launch import plain_values
 
 # Names the run folder in every rank's environment: ``ddp_lab.report`` writes there, and
 # torchrun passes it on to its workers, so the same script reports under both launchers.
@@ -138,9 +139,10 @@ def write_pickle(path: Path, value) -> None:
 
 
 def read_pickle(path: Path):
-    """What ``write_pickle`` left there, or None when nothing was written."""
+    """What ``write_pickle`` left there, or None when nothing was written (as plain data
+    only inside ``plain_values.plain_values()``: a checker's ranks run the learner's code)."""
     try:
-        return pickle.loads(path.read_bytes())
+        return plain_values.loads(path.read_bytes())
     except FileNotFoundError:
         return None
 

@@ -106,3 +106,37 @@ def test_a_subclass_of_the_reference_class_is_refused():
         subclass = type("MyDDP", (ex.solution(name),), {})
         with pytest.raises(ex.ExerciseFailed, match=OUT_OF_REACH):
             ex.check(name, subclass)
+
+
+def lying_float(value):
+    """A right-looking number that equals everything: compared in the checker's process it
+    would pass; its class is the learner's, so it never gets there."""
+    class Liar(float):
+        def __eq__(self, other):
+            return True
+
+        def __sub__(self, other):
+            return 0.0
+
+        __rsub__ = __sub__
+        __hash__ = float.__hash__
+    return Liar(value)
+
+
+def patches_the_pickler(value):
+    """Right in the seal, then a patch that would run after it, when the value is sent."""
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+    pickle.dumps = lambda *args, **kwargs: b""
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+@pytest.mark.parametrize("answer, said", [
+    (lying_float, "is not plain data"), (patches_the_pickler, "rebound pickle.dumps")])
+def test_nothing_of_the_learners_runs_after_the_seal(answer, said):
+    with pytest.raises(ex.ExerciseFailed, match=said):
+        ex.check("00.max_over_ranks", answer)

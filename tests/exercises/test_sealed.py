@@ -163,3 +163,21 @@ def test_the_seal_is_reentrant_and_leaves_no_trace():
             pass
     assert sys.getprofile() is None
     assert os.getpid() > 0 and threading.Thread is not None
+
+
+def test_a_patch_of_the_library_is_put_back_and_refused():
+    """A rebinding outlives the call: it would run the learner's code after the seal closed
+    (when the rank pickles its value, or the checker's code calls the name)."""
+    import pickle
+
+    import torch.distributed as dist
+    dumps, barrier = pickle.dumps, dist.barrier
+
+    def patches():
+        pickle.dumps = lambda *args, **kwargs: b""
+        dist.barrier = lambda *args, **kwargs: None
+        import torch.distributed.fsdp  # noqa: F401 - a new name bound: let be
+    with pytest.raises(BuiltinSwitchedOff, match="rebound pickle.dumps, torch.distributed.barrier"):
+        Sealed(patches, exercise(*DOORS))()
+    assert (pickle.dumps, dist.barrier) == (dumps, barrier)
+    assert Sealed(lambda: sum([1, 2]), exercise())() == 3  # nothing rebound: no refusal
