@@ -15,13 +15,16 @@ class method by method. The checkers draw their seeds from
 The results go to stdout as one line per exercise, signed with HMAC-SHA256 under the key the
 grade left in ``key``: the file is read and removed before any check runs, and the key lives
 only in :func:`main`'s frame, out of the reach of a learner's function that runs in this
-process sealed (frames, gc and files closed). A line that the learner's code printed, or
+process sealed (frames, gc and files closed), and of the ranks: this process is made
+undumpable (:func:`undumpable`), so its memory and descriptors under /proc are closed to
+processes of the same user. A line that the learner's code printed, or
 one of a process that stopped half-way, does not verify: the grade (:func:`read_results`)
 scores what it cannot verify as 0.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import hmac
 import json
@@ -32,6 +35,7 @@ from pathlib import Path
 RESULT_MARK = "ddp-lab-check:"
 PASSED, FAILED, NOT_SOLVED, CHECK_ERROR = "passed", "failed", "not solved yet", "check error"
 OUTPUT_LINES, OUTPUT_CHARS = 12, 2000
+PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -94,10 +98,20 @@ def read_results(stdout: str, key: bytes) -> dict[str, CheckOutcome]:
     return found
 
 
+def undumpable() -> None:
+    """Make this process's /proc entries (its memory, which holds the key, and its file
+    descriptors) the kernel's own: the ranks run as the same user and could read them
+    otherwise. ``PR_SET_DUMPABLE`` 0 (prctl(2)); a child that execs starts dumpable again."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 def main() -> int:
     key_file = Path("key")
     key = bytes.fromhex(key_file.read_text().strip())
     key_file.unlink()
+    undumpable()
     job = json.loads(Path("job.json").read_text())
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # the checkers' and the ranks' prints stay off the results

@@ -74,11 +74,13 @@ def assert_namespaces_gone(names: set[str]) -> None:
 
 @pytest.fixture(autouse=True)
 def nothing_left():
-    """No process of ours and no /dev/shm entry left by the test."""
+    """No process and no /dev/shm entry left by the test (a process that was there before
+    it is another test's: a module's live ranks, on the same xdist worker)."""
     before_shm = set(os.listdir("/dev/shm"))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
     children = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
+                and p.status() != psutil.STATUS_ZOMBIE and p.pid not in before]
     assert not children, f"left behind: {children}"
     added = {name for name in set(os.listdir("/dev/shm")) - before_shm
              if name.startswith("ddp-lab-sandbox")}
@@ -611,3 +613,35 @@ def test_a_folder_inside_a_folder_only_root_may_enter(folders):
         assert (mine / "answer").read_text() == "42"
     finally:
         shutil.rmtree(private)
+
+
+UNDUMPABLE_PARENT = """
+import os, sys
+from ddp_lab.grading.checking import undumpable
+if sys.argv[1] == "undumpable":
+    undumpable()
+pid = os.fork()
+if pid == 0:  # a rank: the same user, below the checker
+    said = []
+    for look in (lambda: open(f"/proc/{os.getppid()}/mem", "rb").close(),
+                 lambda: os.listdir(f"/proc/{os.getppid()}/fd")):
+        try:
+            look()
+            said.append("opened")
+        except PermissionError:
+            said.append("denied")
+    print(*said, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize("mode, said", [("undumpable", "denied denied"),
+                                        ("as_is", "opened opened")])
+def test_the_checkers_memory_and_output_are_closed_to_its_ranks(folders, mode, said):
+    """The grade's checker holds the key that signs results; its ranks run as the same
+    user. Made undumpable, its /proc/PID/mem and fd/ are closed to them (the control
+    case shows that they are open otherwise)."""
+    mine, _ = folders
+    done = run_sandboxed([PYTHON, "-c", UNDUMPABLE_PARENT, mode], mine, **BUDGET)
+    assert done.stdout.strip() == said, (done.stdout, done.stderr)
