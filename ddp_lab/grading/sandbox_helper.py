@@ -58,10 +58,10 @@ def enter_namespaces(uid: int, gid: int, paths: list[str]) -> dict[str, int]:
     child left behind writes the maps (user_namespaces(7), "Defining user and group
     ID mappings")."""
     if os.geteuid() != 0:
-        namespaces._call("unshare", NAMESPACES)
-        namespaces._write_map("/proc/self/setgroups", "deny")
-        namespaces._write_map("/proc/self/uid_map", f"{uid} {uid} 1")
-        namespaces._write_map("/proc/self/gid_map", f"{gid} {gid} 1")
+        namespaces.libc_call("unshare", NAMESPACES)
+        namespaces.write_map("/proc/self/setgroups", "deny")
+        namespaces.write_map("/proc/self/uid_map", f"{uid} {uid} 1")
+        namespaces.write_map("/proc/self/gid_map", f"{gid} {gid} 1")
         return {path: _open(path) for path in paths}
     go_read, go_write = os.pipe()
     done_read, done_write = os.pipe()
@@ -73,8 +73,8 @@ def enter_namespaces(uid: int, gid: int, paths: list[str]) -> dict[str, int]:
         said = b""
         if os.read(go_read, 1) == b"u":
             try:
-                namespaces._write_map(f"/proc/{me}/uid_map", f"{uid} {uid} 1")
-                namespaces._write_map(f"/proc/{me}/gid_map", f"{gid} {gid} 1")
+                namespaces.write_map(f"/proc/{me}/uid_map", f"{uid} {uid} 1")
+                namespaces.write_map(f"/proc/{me}/gid_map", f"{gid} {gid} 1")
                 said = b"ok"
             except namespaces.NamespaceRefused as exc:
                 said = str(exc).encode()
@@ -83,7 +83,7 @@ def enter_namespaces(uid: int, gid: int, paths: list[str]) -> dict[str, int]:
     os.close(go_read)
     os.close(done_write)
     try:
-        namespaces._call("unshare", NAMESPACES)
+        namespaces.libc_call("unshare", NAMESPACES)
         os.write(go_write, b"u")
     finally:
         os.close(go_write)

@@ -221,7 +221,7 @@ def reads_the_width_from_the_first_row(rows, counts):
 def sends_lists_of_blocks(rows, counts):
     """dist.all_to_all with lists of blocks of their own sizes: right on NCCL; gloo's list
     form needs every block the same size."""
-    world, width = counts.shape[0], rows.shape[1]
+    width = rows.shape[1]
     got = torch.empty_like(counts)
     dist.all_to_all_single(got, counts)
     inbox = [rows.new_empty((int(n), width)) for n in got.sum(1)]

@@ -227,7 +227,7 @@ def test_an_entry_holds_title_summary_thumbnail_exercises_time_and_links(tmp_pat
             "<code>dist.send</code> are simpler.</p>") in entry
     assert '<span class="status">ok</span>' in entry and "3.2 s" in entry
     thumbnail = build / "html" / "02_point.thumb.png"
-    assert f'src="html/02_point.thumb.png" alt="Key figure of “02 · Point' in entry
+    assert 'src="html/02_point.thumb.png" alt="Key figure of “02 · Point' in entry
     assert thumbnail.read_bytes().startswith(b"\x89PNG")
     from PIL import Image
     with Image.open(thumbnail) as image:
