@@ -154,11 +154,15 @@ def run_folders() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"ddp_lab-{os.getpid()}-*")))
 
 
+def all_run_folders() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddp_lab-*-*")))
+
+
 def abandoned_run_folders() -> set[str]:
     """Folders named like a run folder (``ddp_lab-PID-*``) whose process is gone, so nobody
     will remove them: a notebook kernel's or a script's, not only this test process's."""
     found = set()
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), "ddp_lab-*-*")):
+    for path in all_run_folders():
         pid = os.path.basename(path).split("-")[1]
         if pid.isdigit() and not _pid_alive(int(pid)):
             found.add(path)
@@ -285,7 +289,9 @@ def nothing_left_behind(request, pytestconfig):
 
 def _checked(pytestconfig):
     folders_before = run_folders()
-    abandoned_before = abandoned_run_folders()
+    # every run folder there before, its process alive or not: a stale one whose number a
+    # new process of another test takes, then gives up, is not this test's leftover
+    abandoned_before = all_run_folders()
     torch_leftovers_before = torch_temp_leftovers()
     yield
     assert_no_process_left(pytestconfig.stash[GATE])

@@ -178,7 +178,7 @@ def _close_seal() -> list[str]:
     rebound = seal_patches.put_back(_STATE.library)
     if rebound:
         _STATE.refusals.append(
-            f"your function rebound {', '.join(rebound[:3])}: patching the library is closed "
+            f"your function rebound {', '.join(rebound[:4])}: patching the library is closed "
             "while your function is checked (it was put back); use it as it is")
     _STATE.library = []
     refusals, _STATE.refusals, _STATE.judged = _STATE.refusals, [], {}

@@ -170,14 +170,19 @@ def test_a_patch_of_the_library_is_put_back_and_refused():
     (when the rank pickles its value, or the checker's code calls the name)."""
     import pickle
 
+    import torch
     import torch.distributed as dist
     dumps, barrier = pickle.dumps, dist.barrier
 
     def patches():
         pickle.dumps = lambda *args, **kwargs: b""
         dist.barrier = lambda *args, **kwargs: None
-        import torch.distributed.fsdp  # noqa: F401 - a new name bound: let be
-    with pytest.raises(BuiltinSwitchedOff, match="rebound pickle.dumps, torch.distributed.barrier"):
+        torch.Tensor.clone = lambda self: self  # shadows TensorBase.clone
+        from torch.distributed import fsdp  # noqa: F401 - a new name bound: let be
+    with pytest.raises(BuiltinSwitchedOff, match="rebound") as refused:
         Sealed(patches, exercise(*DOORS))()
+    for name in ("pickle.dumps", "torch.distributed.barrier", "Tensor.clone"):
+        assert name in str(refused.value)
     assert (pickle.dumps, dist.barrier) == (dumps, barrier)
+    assert "clone" not in vars(torch.Tensor)
     assert Sealed(lambda: sum([1, 2]), exercise())() == 3  # nothing rebound: no refusal
