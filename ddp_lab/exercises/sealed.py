@@ -36,10 +36,10 @@ import sys
 import types
 
 from ddp_lab.course.collective_trace import BuiltinSwitchedOff
+from ddp_lab.exercises import seal_patches
 from ddp_lab.exercises.dealt import Dealt, deal  # noqa: F401 - the seal's public face
 from ddp_lab.exercises.fingerprints import PACKAGE, codes_of, fingerprint, nested, \
     own_cell_code, reference_prints
-from ddp_lab.exercises import seal_patches
 from ddp_lab.exercises.seal_doors import close_store, close_threads
 from ddp_lab.exercises.seal_events import (DOORS, FILE_EVENTS, GC_EVENTS, PROCESS_EVENTS,
                                            SEAL_EVENTS, WHY, readable, writes)
