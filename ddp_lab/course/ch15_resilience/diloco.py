@@ -30,7 +30,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_lab.course.ch07_inside_ddp.workload import rank_slice, regression_data
+from ddp_lab.course.ch15_resilience.workload import rank_slice, regression_data
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.course.models import MLPConfig, make_mlp
 
