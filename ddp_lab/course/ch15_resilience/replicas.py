@@ -49,7 +49,7 @@ class FailureConfig:
     rejoin_at: int = 8
     lost: int = 2
     spare: int = 3
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 2.0  # generous: a live replica late by that much on a busy machine is dropped
     batch: int = 8
     lr: float = 0.1
 
