@@ -1,0 +1,127 @@
+"""What the time model needs from this machine, measured on the 4 ranks of the run (all at
+once, as in training, so the shared cores are in the numbers):
+
+- each collective's seconds at a few sizes, on the shaped link, for every (family, group
+  size) the plans use; ``fit`` turns them into alpha + beta x bytes (notebook 04's least
+  squares on relative error, ``fit_alpha_beta``);
+- the seconds of one Linear's forward and backward at each (rows, fan_in, fan_out) the
+  plans compute, and of Adam's step per parameter.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ddp_lab.course.ch04_allreduce.sweep import AlphaBeta, fit_alpha_beta
+
+KINDS = (("all_reduce", 4), ("all_reduce", 2), ("all_gather", 4), ("reduce_scatter", 4),
+         ("broadcast", 4), ("send", 4))
+KiB = 1 << 10
+SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1024 * KiB)
+CALLS = 4
+BURSTS = 3
+
+
+def _named(fn, name: str):
+    fn.__name__ = name
+    return fn
+
+
+def _collective(family: str, nbytes: int, groups: dict):
+    """A callable that runs one ``family`` collective on a tensor of ``nbytes`` (the full
+    tensor, as the trace counts it) in this rank's group of the right size."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    full = torch.ones(nbytes // 4)
+    part = torch.empty(nbytes // 4 // world)
+    calls = {
+        "all_reduce": lambda g: dist.all_reduce(full, group=g),
+        "all_gather": lambda g: dist.all_gather_into_tensor(full, part, group=g),
+        "reduce_scatter": lambda g: dist.reduce_scatter_tensor(part, full, group=g),
+        "broadcast": lambda g: dist.broadcast(full, src=0, group=g),
+        "send": _named(lambda g: _relay(full, rank, world), "relay"),
+    }
+    return calls[family]
+
+
+def _relay(tensor, rank: int, world: int) -> None:
+    """One hop of a relay down the ranks and back (0 -> 1 -> 2 -> 3 -> 2 -> 1 -> 0): each
+    rank sends only after it received, as a pipeline stage waits for its neighbour, so the
+    time of a hop includes waking the receiver (the time per call is divided by the hops in
+    ``_burst_seconds``)."""
+    if rank > 0:
+        dist.recv(tensor, rank - 1)
+    if rank < world - 1:
+        dist.send(tensor, rank + 1)
+        dist.recv(tensor, rank + 1)
+    if rank > 0:
+        dist.send(tensor, rank - 1)
+
+
+def _burst_seconds(call, group) -> float:
+    """Seconds per call of CALLS calls back to back, started together."""
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        call(group)
+    dist.barrier()
+    return (time.perf_counter() - start) / CALLS / (2 * (dist.get_world_size() - 1) if call.__name__ == "relay" else 1)
+
+
+def collective_seconds() -> dict:
+    """On each rank: {"family/group size": [seconds per call at each of SIZES]}: the fastest
+    of BURSTS bursts of CALLS back-to-back calls, after one untimed call (load from
+    elsewhere only ever adds time, as for the plans' steps). Groups of 2 are {0, 1} and
+    {2, 3}, busy at the same time."""
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    groups = {4: None, 2: pairs[dist.get_rank() // 2]}
+    out = {}
+    for family, size in KINDS:
+        times = []
+        for nbytes in SIZES:
+            call = _collective(family, nbytes, groups)
+            call(groups[size])
+            times.append(min(_burst_seconds(call, groups[size]) for _ in range(BURSTS)))
+        out[f"{family}/{size}"] = times
+    return out
+
+
+def fit(seconds: dict) -> dict[str, AlphaBeta]:
+    """{"family/group size": alpha + beta x bytes}, from ``collective_seconds``."""
+    return {kind: fit_alpha_beta(SIZES, times) for kind, times in seconds.items()}
+
+
+def layer_seconds(rows: int, fan_in: int, fan_out: int, repeats: int = 20) -> float:
+    """One Linear + ReLU, forward and backward, at this shape: the median of ``repeats``."""
+    layer = nn.Sequential(nn.Linear(fan_in, fan_out), nn.ReLU())
+    x = torch.randn(rows, fan_in, requires_grad=True)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        layer(x).sum().backward()
+        times.append(time.perf_counter() - start)
+    return sorted(times[1:])[repeats // 2]
+
+
+def adam_seconds_per_parameter(numel: int = 1 << 18, repeats: int = 10) -> float:
+    p = nn.Parameter(torch.randn(numel))
+    p.grad = torch.randn(numel)
+    optimizer = torch.optim.Adam([p])
+    optimizer.step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2] / numel
+
+
+def compute_seconds(shapes) -> dict:
+    """{"rows x fan_in x fan_out": seconds of forward + backward} for each shape, and
+    "adam": seconds of Adam's step per parameter."""
+    out = {f"{r}x{i}x{o}": layer_seconds(r, i, o) for r, i, o in shapes}
+    out["adam"] = adam_seconds_per_parameter()
+    return out

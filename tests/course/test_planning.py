@@ -1,0 +1,82 @@
+"""Notebook 14's cost model: the calls and state it predicts against real traced steps of
+every plan (loopback, a small MLP), its arithmetic on synthetic fits, the paper model's
+accounting, and the figures. No timing is asserted here (the notebook states its factor)."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.figure import Figure
+
+from ddp_lab.course.ch04_allreduce.sweep import AlphaBeta
+from ddp_lab.course.ch14_planning import calibrate, costs, experiment, paper, plots, timemodel
+from ddp_lab.course.ch14_planning.plans import PLANS, PlanConfig
+
+pytestmark = pytest.mark.timeout(240)
+
+SMALL = PlanConfig(width=36, layers=8, global_batch=16, microbatches=4)
+
+
+@pytest.fixture(scope="module")
+def loopback():
+    return experiment.run(None, SMALL)
+
+
+def test_every_plan_issues_the_predicted_calls_and_holds_the_predicted_state(loopback):
+    assert experiment.trace_mismatches(loopback) == []
+    assert experiment.state_mismatches(loopback) == []
+    assert set(loopback["measured_ms"]) == set(PLANS)
+
+
+def test_fsdp_regathers_every_weight_but_the_first_in_backward():
+    calls = costs.predicted_calls("FSDP", SMALL, 0)
+    weight = (36 * 36) * 4  # 1296 elements: divisible by 4, no padding
+    bias = 36 * 4
+    assert calls.count(("all_gather", weight, 4)) == 2 * SMALL.layers - 1
+    assert calls.count(("all_gather", bias, 4)) == SMALL.layers
+    assert calls.count(("reduce_scatter", weight, 4)) == SMALL.layers
+
+
+def test_pipeline_ends_talk_to_one_neighbour_the_middle_to_two():
+    counts = [len(costs.predicted_calls("PP", SMALL, r)) for r in range(4)]
+    assert counts == [8, 16, 16, 8]
+
+
+def test_zero1_keeps_adam_state_only_for_what_it_owns():
+    total = sum(2 * costs.adam_parameters("ZeRO-1", SMALL, r) * 4 for r in range(4))
+    assert total == 2 * sum(costs.param_numels(SMALL)) * 4
+
+
+def test_comm_seconds_is_alpha_per_call_plus_beta_per_byte():
+    fits = {f"{family}/{size}": AlphaBeta(1e-3, 1e-9, 1.0, 0.0) for family, size in calibrate.KINDS}
+    calls = costs.predicted_calls("DDP", SMALL, 0)
+    expected = len(calls) * 1e-3 + 1e-9 * sum(n for _, n, _ in calls)
+    assert timemodel.comm_seconds("DDP", SMALL, fits) == pytest.approx(expected)
+
+
+def test_fit_recovers_a_line():
+    seconds = [2e-3 + 3e-8 * s for s in calibrate.SIZES]
+    fit = calibrate.fit({"all_reduce/4": seconds})["all_reduce/4"]
+    assert fit.alpha == pytest.approx(2e-3) and fit.beta == pytest.approx(3e-8)
+
+
+def test_paper_model_accounting():
+    job = paper.Job(width=1024, layers=8)
+    ddp = paper.plan_at_scale(job, "DDP")
+    assert ddp["memory"] >= paper.STATE_BYTES * job.params
+    assert paper.ring(100.0, 4, 1.0, 2.0) == 150.0 and paper.ring(100.0, 1, 1.0) == 0.0
+    fsdp = paper.plan_at_scale(job, "FSDP")
+    assert fsdp["comm"] == pytest.approx(1.5 * ddp["comm"])    # 3 (n-1)/n against 2 (n-1)/n
+
+
+def test_paper_sweep_crossovers():
+    swept = paper.sweep()
+    wins = paper.winners(swept)
+    assert wins[1024] == "DDP" and "TP64" not in wins.values()
+    assert paper.crossovers(swept)[0][1:] == ("DDP", "PP8xDP8")
+
+
+def test_figures(loopback):
+    assert isinstance(plots.fits(loopback), Figure)
+    assert isinstance(plots.predicted_vs_measured(loopback, 3.0), Figure)
+    assert isinstance(plots.state_per_rank(loopback), Figure)
+    assert isinstance(plots.cluster_sweep(paper.sweep(widths=(1024, 2048)), paper.HBM), Figure)
