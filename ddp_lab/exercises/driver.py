@@ -19,7 +19,7 @@ from ddp_lab.exercises.feedback import keep
 from ddp_lab.exercises.feedback_traceback import cut, hidden_note, learners_frames
 from ddp_lab.exercises.feedback_values import layout, short, tensor_difference
 from ddp_lab.exercises.registry import ExerciseFailed
-from ddp_lab.launch.plain_values import plain_values
+from ddp_lab.launch.verdict.plain_values import plain_values
 
 WORLD_SIZES = (1, 2, 3, 4)
 # A trial on a warm fork server takes well under a second; a learner whose ranks wait for

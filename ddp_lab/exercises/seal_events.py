@@ -1,12 +1,14 @@
-"""Which audited events a closed door refuses (sealed.py's audit hook asks these), and what
-a learner's function may read: modules anywhere, and the Python and package files."""
+"""Which audited events a closed door refuses (sealed.py's audit hook asks
+:func:`refused_event`), and what a learner's function may read: modules anywhere, and the
+Python and package files."""
 
 from __future__ import annotations
 
 import os
 import sys
+import types
 
-from ddp_lab.exercises.fingerprints import PACKAGE
+from ddp_lab.exercises.fingerprints import PACKAGE, fingerprint, nested
 
 # What a learner's function finds closed unless its exercise opens it (Exercise.open_doors).
 DOORS = ("threads", "store", "files", "sockets", "frames", "gc", "subprocess")
@@ -64,3 +66,45 @@ SOURCE_SUFFIXES = (".py", ".pyc", ".so")  # what an import reads, wherever the m
 _READABLE = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix,
                                                           sys.exec_prefix, PACKAGE)})
 
+
+def refused_event(event: str, args: tuple, seal, protected: set[int]) -> str | None:
+    """Why ``event`` is refused under ``seal`` (its closed doors, its references), or None.
+    ``protected``: the ids of the checker's frames above the sealed call."""
+    closed = seal.closed
+    if event in SEAL_EVENTS:
+        door = "subprocess" if event.startswith("ctypes") else "frames"
+        return f"{event} is closed while your function is checked: {WHY[door]}"
+    if event == "open" and "files" in closed and writes(args):
+        return f"writing {args[0]!r} is closed in this exercise: {WHY['files']}"
+    if event == "open" and "files" in closed and not readable(args[0]):
+        return f"reading {args[0]!r} is closed in this exercise: {WHY['files']}"
+    for door, events in (("files", FILE_EVENTS), ("subprocess", PROCESS_EVENTS),
+                         ("gc", GC_EVENTS)):
+        if door in closed and event in events:
+            return f"{event} is closed in this exercise: {WHY[door]}"
+    if "sockets" in closed and event.startswith("socket."):
+        return f"{event} is closed in this exercise: {WHY['sockets']}"
+    if event == "exec" and isinstance(args[0], types.CodeType) and _holds_reference(args[0], seal.references):
+        return ("exec of the reference's source is out of reach while your function is "
+                "checked: write the function yourself")
+    if "frames" in closed and _reaches_checker(event, args, protected):
+        return f"the frames above your function are closed: {WHY['frames']}"
+    return None
+
+
+def _holds_reference(code: types.CodeType, references: dict) -> bool:
+    """Code compiled from a string (``exec(source)``: no file of that name) that holds a
+    whole reference function. An import reads a file: a reference imported from the package
+    refuses when called, and a module of the learner's own is the learner's code."""
+    if os.path.exists(code.co_filename):
+        return False
+    return any(fingerprint(inner) in references for inner in nested(code))
+
+
+def _reaches_checker(event: str, args: tuple, protected: set[int]) -> bool:
+    if event == "sys._getframe":
+        return id(args[0]) in protected
+    if event == "object.__getattr__" and args[1] == "tb_frame":
+        frame = getattr(args[0], "tb_frame", None)
+        return frame is not None and id(frame) in protected
+    return False

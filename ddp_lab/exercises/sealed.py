@@ -38,11 +38,10 @@ import types
 from ddp_lab.course.collective_trace import BuiltinSwitchedOff
 from ddp_lab.exercises import seal_patches
 from ddp_lab.exercises.dealt import Dealt, deal  # noqa: F401 - the seal's public face
-from ddp_lab.exercises.fingerprints import PACKAGE, codes_of, fingerprint, nested, \
+from ddp_lab.exercises.fingerprints import PACKAGE, codes_of, fingerprint, \
     own_cell_code, reference_prints
 from ddp_lab.exercises.seal_doors import close_store, close_threads
-from ddp_lab.exercises.seal_events import (DOORS, FILE_EVENTS, GC_EVENTS, PROCESS_EVENTS,
-                                           SEAL_EVENTS, WHY, readable, writes)
+from ddp_lab.exercises.seal_events import DOORS, refused_event
 from ddp_lab.launch import payload
 
 
@@ -247,49 +246,9 @@ def _audit(event: str, args: tuple) -> None:
     if event == "sys.setprofile" and _STATE.unsetting:
         _STATE.unsetting = False
         return
-    refused = _refused_event(event, args, seal.closed)
+    refused = refused_event(event, args, seal, _STATE.protected)
     if refused:
         _refuse(refused)
-
-
-def _refused_event(event: str, args: tuple, closed: tuple) -> str | None:
-    if event in SEAL_EVENTS:
-        door = "subprocess" if event.startswith("ctypes") else "frames"
-        return f"{event} is closed while your function is checked: {WHY[door]}"
-    if event == "open" and "files" in closed and writes(args):
-        return f"writing {args[0]!r} is closed in this exercise: {WHY['files']}"
-    if event == "open" and "files" in closed and not readable(args[0]):
-        return f"reading {args[0]!r} is closed in this exercise: {WHY['files']}"
-    for door, events in (("files", FILE_EVENTS), ("subprocess", PROCESS_EVENTS),
-                         ("gc", GC_EVENTS)):
-        if door in closed and event in events:
-            return f"{event} is closed in this exercise: {WHY[door]}"
-    if "sockets" in closed and event.startswith("socket."):
-        return f"{event} is closed in this exercise: {WHY['sockets']}"
-    if event == "exec" and isinstance(args[0], types.CodeType) and _holds_reference(args[0]):
-        return ("exec of the reference's source is out of reach while your function is "
-                "checked: write the function yourself")
-    if "frames" in closed and _reaches_checker(event, args):
-        return f"the frames above your function are closed: {WHY['frames']}"
-    return None
-
-
-def _holds_reference(code: types.CodeType) -> bool:
-    """Code compiled from a string (``exec(source)``: no file of that name) that holds a
-    whole reference function. An import reads a file: a reference imported from the package
-    refuses when called, and a module of the learner's own is the learner's code."""
-    if os.path.exists(code.co_filename):
-        return False
-    return any(fingerprint(inner) in _STATE.seal.references for inner in nested(code))
-
-
-def _reaches_checker(event: str, args: tuple) -> bool:
-    if event == "sys._getframe":
-        return id(args[0]) in _STATE.protected
-    if event == "object.__getattr__" and args[1] == "tb_frame":
-        frame = getattr(args[0], "tb_frame", None)
-        return frame is not None and id(frame) in _STATE.protected
-    return False
 
 
 def _sealed_methods(cls: type, seal: Sealed) -> type:

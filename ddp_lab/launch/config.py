@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_lab.launch import plain_values
+from ddp_lab.launch.verdict import plain_values
 
 # Names the run folder in every rank's environment: ``ddp_lab.report`` writes there, and
 # torchrun passes it on to its workers, so the same script reports under both launchers.

@@ -1,4 +1,4 @@
-"""Ranks' values read as plain data only (ddp_lab/launch/plain_values.py), as a checker
+"""Ranks' values read as plain data only (ddp_lab/launch/verdict/plain_values.py), as a checker
 reads them: the learner's code in a rank must not run in the checker's process."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_lab.launch.plain_values import NotPlainData, PlainUnpickler, loads, plain_values
+from ddp_lab.launch.verdict.plain_values import NotPlainData, PlainUnpickler, loads, plain_values
 
 
 def liar(x: float) -> float:

@@ -6,5 +6,6 @@ or the error naming the root-cause rank) -> ``everywhere`` (the same error on ev
 root cause) -> ``timeouts`` (ranks that timed out are victims of the rank that never joined
 their collective) -> ``stacks`` (where a stuck rank waited) ->
 ``died_after_return`` (a rank that died after its code returned) -> ``skips`` (a run whose
-ranks all skipped themselves).
+ranks all skipped themselves). ``plain_values``: the values read as plain data only, for a
+caller (a checker) that must not run its ranks' code.
 """
