@@ -10,9 +10,12 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_lab
 from ddp_lab.course.ch15_resilience import diloco, quantized, replicas, reshard
+from ddp_lab.course.models import make_mlp
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,3 +90,35 @@ def test_int8_all_reduce_and_error_feedback():
     small = got["small"]
     assert small["plain"][1:].abs().max() == 0
     assert (small["error feedback"][1:] - small["true"][1:]).abs().max() <= small["grid_step"] / 20
+
+
+def _error_feedback_through_the_rebuild(steps: int = 3) -> dict:
+    """Section 3's model (1.29 MB, over DDP's 1 MiB first bucket) through the int8 hook with
+    error feedback: the buckets each iteration ran, and the error buffers kept."""
+    ddp = DDP(make_mlp(diloco.SyncConfig().model))
+    state, sizes = quantized.ErrorFeedbackState(), []
+
+    def hook(state, bucket):
+        sizes[-1].append(bucket.buffer().numel())
+        return quantized.int8_error_feedback_hook(state, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(dist.get_rank()))
+    for _ in range(steps):
+        sizes.append([])
+        ddp.zero_grad()
+        F.mse_loss(ddp(x), torch.zeros(16, 8)).backward()
+    return {"sizes": sizes, "iteration": state.iteration,
+            "errors": {i: e.numel() for i, e in state.errors.items()}}
+
+
+def test_int8_error_feedback_hook_survives_ddp_bucket_rebuild():
+    """Keyed by bucket index from iteration 1, the buffers broke at iteration 2 (bucket 0
+    went from every parameter to the first ~1 MiB): the hook starts them at iteration 2."""
+    got = ddp_lab.run(_error_feedback_through_the_rebuild, world_size=2, echo=False).values[0]
+    everything = diloco.SyncConfig().model.parameters
+    assert got["sizes"][0] == [everything]                    # one bucket before the rebuild
+    rebuilt = got["sizes"][1]
+    assert len(rebuilt) == 2 and sum(rebuilt) == everything   # two after it
+    assert got["sizes"][2] == rebuilt and got["iteration"] == 3
+    assert got["errors"] == dict(enumerate(rebuilt))          # buffers of the rebuilt buckets

@@ -74,11 +74,39 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future:
     return future
 
 
-def int8_error_feedback_hook(errors: dict, bucket):
+class ErrorFeedbackState:
+    """The state of ``int8_error_feedback_hook``: this rank's error buffer per bucket, and
+    the iteration count (as ``PowerSGDState.iter``).
+
+    DDP buckets the gradients twice: its first iteration runs one bucket of every parameter
+    (torch/nn/parallel/distributed.py:154, ``[sys.maxsize]``, and the comment at :1402-1405);
+    before the second forward it rebuilds them in the order backward produced the gradients,
+    a first bucket of about 1 MiB and 25 MiB ones after it (:1769-1775, once per training).
+    An error buffer kept from iteration 1 no longer matches bucket 0 of iteration 2 on a model
+    over 1 MiB. So, as PowerSGD does (``start_powerSGD_iter`` must be > 1 with error feedback,
+    torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py:215-225), the first
+    iteration is plain int8 and the error buffers start at the second."""
+
+    def __init__(self):
+        self.iteration = 0
+        self.errors: dict[int, torch.Tensor] = {}
+
+
+def int8_error_feedback_hook(state: ErrorFeedbackState, bucket):
     """A DDP communication hook: the bucket through ``int8_all_reduce`` with this rank's
-    error buffer for that bucket (``errors``, by bucket index, is the hook's state)."""
+    error buffer for that bucket index, from the second iteration on (after DDP's bucket
+    rebuild; see ``ErrorFeedbackState``)."""
     buffer = bucket.buffer()
-    error = errors.setdefault(bucket.index(), torch.zeros_like(buffer))
+    error = None
+    if state.iteration >= 1:
+        error = state.errors.setdefault(bucket.index(), torch.zeros_like(buffer))
+        if error.shape != buffer.shape:
+            raise RuntimeError(
+                f"int8_error_feedback_hook: bucket {bucket.index()} has {buffer.numel()} "
+                f"entries, its error buffer {error.numel()}: DDP's buckets changed after the "
+                "error feedback started (a second rebuild?); start a new ErrorFeedbackState")
+    if bucket.is_last():
+        state.iteration += 1
     return _done(buffer.copy_(int8_all_reduce(buffer, error)))
 
 
@@ -92,7 +120,7 @@ def _powersgd():
 HOOKS = {
     "all-reduce (default)": lambda: (None, default_hooks.allreduce_hook),
     "int8": lambda: (None, int8_hook),
-    "int8 + error feedback": lambda: ({}, int8_error_feedback_hook),
+    "int8 + error feedback": lambda: (ErrorFeedbackState(), int8_error_feedback_hook),
     "PowerSGD rank 1": _powersgd,
 }
 WAYS = tuple(HOOKS)
