@@ -5,7 +5,8 @@ once, as in training, so the shared cores are in the numbers):
   size) the plans use; ``fit`` turns them into alpha + beta x bytes (notebook 04's least
   squares on relative error, ``fit_alpha_beta``);
 - the seconds of one Linear's forward and backward at each (rows, fan_in, fan_out) the
-  plans compute, and of Adam's step per parameter.
+  plans compute, and of Adam's step per parameter;
+- one slot of the pipeline: a micro-batch through the stages and back, per stage.
 """
 
 from __future__ import annotations
@@ -19,22 +20,17 @@ import torch.nn as nn
 from ddp_lab.course.ch04_allreduce.sweep import AlphaBeta, fit_alpha_beta
 
 KINDS = (("all_reduce", 4), ("all_reduce", 2), ("all_gather", 4), ("reduce_scatter", 4),
-         ("broadcast", 4), ("send", 4))
+         ("broadcast", 4))
 KiB = 1 << 10
-SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1024 * KiB)
+SIZES = (1 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1024 * KiB)
 CALLS = 4
 BURSTS = 3
-
-
-def _named(fn, name: str):
-    fn.__name__ = name
-    return fn
 
 
 def _collective(family: str, nbytes: int, groups: dict):
     """A callable that runs one ``family`` collective on a tensor of ``nbytes`` (the full
     tensor, as the trace counts it) in this rank's group of the right size."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     full = torch.ones(nbytes // 4)
     part = torch.empty(nbytes // 4 // world)
     calls = {
@@ -42,23 +38,8 @@ def _collective(family: str, nbytes: int, groups: dict):
         "all_gather": lambda g: dist.all_gather_into_tensor(full, part, group=g),
         "reduce_scatter": lambda g: dist.reduce_scatter_tensor(part, full, group=g),
         "broadcast": lambda g: dist.broadcast(full, src=0, group=g),
-        "send": _named(lambda g: _relay(full, rank, world), "relay"),
     }
     return calls[family]
-
-
-def _relay(tensor, rank: int, world: int) -> None:
-    """One hop of a relay down the ranks and back (0 -> 1 -> 2 -> 3 -> 2 -> 1 -> 0): each
-    rank sends only after it received, as a pipeline stage waits for its neighbour, so the
-    time of a hop includes waking the receiver (the time per call is divided by the hops in
-    ``_burst_seconds``)."""
-    if rank > 0:
-        dist.recv(tensor, rank - 1)
-    if rank < world - 1:
-        dist.send(tensor, rank + 1)
-        dist.recv(tensor, rank + 1)
-    if rank > 0:
-        dist.send(tensor, rank - 1)
 
 
 def _burst_seconds(call, group) -> float:
@@ -68,7 +49,7 @@ def _burst_seconds(call, group) -> float:
     for _ in range(CALLS):
         call(group)
     dist.barrier()
-    return (time.perf_counter() - start) / CALLS / (2 * (dist.get_world_size() - 1) if call.__name__ == "relay" else 1)
+    return (time.perf_counter() - start) / CALLS
 
 
 def collective_seconds() -> dict:
@@ -80,12 +61,12 @@ def collective_seconds() -> dict:
     groups = {4: None, 2: pairs[dist.get_rank() // 2]}
     out = {}
     for family, size in KINDS:
-        times = []
-        for nbytes in SIZES:
+        times = {}
+        for nbytes in reversed(SIZES):  # the smallest last: the connections are warm by then
             call = _collective(family, nbytes, groups)
             call(groups[size])
-            times.append(min(_burst_seconds(call, groups[size]) for _ in range(BURSTS)))
-        out[f"{family}/{size}"] = times
+            times[nbytes] = min(_burst_seconds(call, groups[size]) for _ in range(BURSTS))
+        out[f"{family}/{size}"] = [times[nbytes] for nbytes in SIZES]
     return out
 
 
@@ -119,9 +100,28 @@ def adam_seconds_per_parameter(numel: int = 1 << 18, repeats: int = 10) -> float
     return sorted(times)[repeats // 2] / numel
 
 
-def compute_seconds(shapes) -> dict:
-    """{"rows x fan_in x fan_out": seconds of forward + backward} for each shape, and
-    "adam": seconds of Adam's step per parameter."""
+def pipeline_slot_seconds(config, repeats: int = 5) -> float:
+    """One micro-batch through the 4 stages of the PP plan, forward and back (GPipe with one
+    micro-batch: p slots one after the other), per slot: a stage's compute, its hop to the
+    neighbour, and what neither calibration above sees, the wait for a process to wake up and
+    the Python of each step. The fastest of ``repeats`` passes, the slowest rank's."""
+    from ddp_lab.course.ch14_planning.plans import global_batch, pipeline_stage
+    from ddp_lab.course.timing import slowest_rank_seconds
+    rows = config.global_batch // config.microbatches
+    stage = pipeline_stage(config, rows)
+    x, y = (t[:rows] for t in global_batch(config, 0))
+
+    def one_pass() -> None:
+        stage.run("GPipe", [x], [y], nn.functional.mse_loss)
+        stage.module.zero_grad()
+    times = [slowest_rank_seconds(one_pass) for _ in range(repeats + 1)]
+    return min(times[1:]) / dist.get_world_size()
+
+
+def compute_seconds(shapes, config) -> dict:
+    """{"rows x fan_in x fan_out": seconds of forward + backward} for each shape, "adam":
+    seconds of Adam's step per parameter, "pipeline_slot": ``pipeline_slot_seconds``."""
     out = {f"{r}x{i}x{o}": layer_seconds(r, i, o) for r, i, o in shapes}
     out["adam"] = adam_seconds_per_parameter()
+    out["pipeline_slot"] = pipeline_slot_seconds(config)
     return out

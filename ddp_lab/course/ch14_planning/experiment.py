@@ -12,7 +12,7 @@ from ddp_lab.course.ch14_planning.timemodel import all_shapes, predicted_seconds
 
 def on_rank(config: PlanConfig, names) -> dict:
     return {"collectives": calibrate.collective_seconds(),
-            "compute": calibrate.compute_seconds(all_shapes(config, names)),
+            "compute": calibrate.compute_seconds(all_shapes(config, names), config),
             "plans": measure.run_plans(config, names)}
 
 

@@ -149,15 +149,20 @@ def two_d(config: PlanConfig) -> Built:
                  _data_parallel_step(model, optimizer, config, average, rank // 2, 2))
 
 
-def pipeline(config: PlanConfig) -> Built:
-    """Stage r: layers r*L/4 .. (r+1)*L/4 - 1 of the MLP (with the ReLUs between them)."""
+def pipeline_stage(config: PlanConfig, rows: int) -> PipelineStage:
+    """Stage r: layers r*L/4 .. (r+1)*L/4 - 1 of the MLP (with the ReLUs between them), for
+    micro-batches of ``rows`` rows."""
     rank, stages = dist.get_rank(), dist.get_world_size()
     modules = list(make_model(config))
     per = 2 * config.layers // stages  # Linear and ReLU modules per stage
-    module = nn.Sequential(*modules[rank * per:(rank + 1) * per])
-    optimizer = torch.optim.Adam(module.parameters(), lr=config.lr)
-    rows = config.global_batch // config.microbatches
-    stage = PipelineStage(module, (rows, config.width))
+    return PipelineStage(nn.Sequential(*modules[rank * per:(rank + 1) * per]),
+                         (rows, config.width))
+
+
+def pipeline(config: PlanConfig) -> Built:
+    """GPipe over the 4 stages, ``config.microbatches`` micro-batches per step."""
+    stage = pipeline_stage(config, config.global_batch // config.microbatches)
+    optimizer = torch.optim.Adam(stage.module.parameters(), lr=config.lr)
 
     def step(k: int) -> None:
         x, y = global_batch(config, k)
@@ -165,7 +170,7 @@ def pipeline(config: PlanConfig) -> Built:
                   nn.functional.mse_loss)
         optimizer.step()
         optimizer.zero_grad()
-    return Built(module, optimizer, step)
+    return Built(stage.module, optimizer, step)
 
 
 BUILDERS = {"DDP": ddp, "ZeRO-1": lambda c: ddp(c, sharded_optimizer=True), "FSDP": fsdp,

@@ -3,13 +3,19 @@ step, measured on this machine by ``calibrate``) plus every collective of the st
 alpha + beta x bytes (fitted on the shaped link), one after the other: on gloo the caller
 waits for each collective, so nothing is assumed to overlap.
 
-The pipeline is the exception: its sends overlap other stages' work, and what costs is the
-schedule. GPipe on p stages with m micro-batches runs m + p - 1 slots forward and as many
-backward; a slot is one stage's compute on one micro-batch plus one transfer to its
-neighbour (Huang et al., https://arxiv.org/abs/1811.06965).
+The pipeline is the exception: what costs is the schedule. GPipe on p stages with m
+micro-batches runs m + p - 1 slots (Huang et al., https://arxiv.org/abs/1811.06965), a slot
+being one micro-batch's forward and backward on a stage with its hops to the neighbours.
+On this machine a slot is mostly fixed cost (a process waking up when its neighbour's
+message arrives, the Python of each step: a few 16 KiB messages ride the link's burst), so
+the slot is calibrated on a pass of one micro-batch (``calibrate.pipeline_slot_seconds``)
+and the model predicts the step with m micro-batches from it, each slot stretched where more
+stages are busy than the machine has cores.
 """
 
 from __future__ import annotations
+
+import os
 
 from ddp_lab.course.ch14_planning.costs import WORLD, adam_parameters, predicted_calls
 from ddp_lab.course.ch14_planning.plans import PlanConfig
@@ -42,19 +48,30 @@ def compute_seconds(name: str, config: PlanConfig, compute: dict, rank: int = 0)
 
 
 def comm_seconds(name: str, config: PlanConfig, fits: dict, rank: int = 0) -> float:
-    """Every collective's alpha + beta x bytes, one after the other (a recv is the other end
-    of a send, counted once)."""
+    """Every collective's alpha + beta x bytes, one after the other (not for the pipeline)."""
     return sum(fits[f"{family}/{size}"].predict(nbytes)
-               for family, nbytes, size in predicted_calls(name, config, rank)
-               if family != "recv")
+               for family, nbytes, size in predicted_calls(name, config, rank))
 
 
-def pipeline_seconds(config: PlanConfig, fits: dict, compute: dict) -> float:
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def busy_stages(slot: int, config: PlanConfig) -> int:
+    """Stages that hold a micro-batch in GPipe's ``slot`` (0 .. m + p - 2): 1, 2, .., then
+    down again as the pipeline drains."""
     m, p = config.microbatches, WORLD
-    stage = sum(compute[_key(s)] for s in layer_shapes("PP", config))
-    transfer = fits["send/4"].predict(config.global_batch // m * config.width * 4)
-    adam = compute["adam"] * adam_parameters("PP", config, 0)
-    return (m + p - 1) * (stage + 2 * transfer) + adam
+    return min(slot + 1, m, p, m + p - 1 - slot)
+
+
+def pipeline_seconds(config: PlanConfig, compute: dict, cores: int | None = None) -> float:
+    """GPipe: m + p - 1 slots, each as long as the calibrated slot, longer where more stages
+    are busy at once than there are cores (the calibration pass had one busy stage at a time),
+    then Adam."""
+    cores = cores or globals()["cores"]()
+    slots = range(config.microbatches + WORLD - 1)
+    shared = sum(max(1.0, busy_stages(s, config) / cores) for s in slots)
+    return shared * compute["pipeline_slot"] + compute["adam"] * adam_parameters("PP", config, 0)
 
 
 def predicted_seconds(name: str, config: PlanConfig, fits: dict, compute: dict) -> dict:
@@ -62,11 +79,10 @@ def predicted_seconds(name: str, config: PlanConfig, fits: dict, compute: dict) 
     ranks of a plan do the same work, but for the pipeline's ends)."""
     if name == "PP":
         slots = config.microbatches + WORLD - 1
+        total = pipeline_seconds(config, compute)
         stage = sum(compute[_key(s)] for s in layer_shapes("PP", config))
-        comm = pipeline_seconds(config, fits, compute) - slots * stage \
-            - compute["adam"] * adam_parameters("PP", config, 0)
-        total = pipeline_seconds(config, fits, compute)
-        return {"compute": total - comm, "comm": comm, "total": total}
+        compute_s = slots * stage + compute["adam"] * adam_parameters("PP", config, 0)
+        return {"compute": compute_s, "comm": total - compute_s, "total": total}
     compute_s = max(compute_seconds(name, config, compute, r) for r in range(WORLD))
     comm = comm_seconds(name, config, fits)
     return {"compute": compute_s, "comm": comm, "total": compute_s + comm}
