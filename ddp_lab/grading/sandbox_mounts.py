@@ -57,11 +57,11 @@ def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int],
     if os.path.isdir("/dev/pts"):  # the machine's terminals, the grader's among them
         mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=620")
-    for path in hidden:
-        conceal(path)
     covers = [bind_back(path, descriptor, writable=False)
               for path, descriptor in needed.items()
               if not os.access(path, os.R_OK | os.X_OK)]
+    for path in hidden:  # after the binds: a needed folder bound back (the package's
+        conceal(path)    # checkout under /tmp) brings back what lies inside it
     covers.append(bind_back(folder, kept, writable=True, alone=True))
     for cover in covers:  # last: folders were made in them until now
         if cover is not None:
@@ -70,9 +70,9 @@ def build(folder: str, kept: int, scratch_bytes: int, needed: dict[str, int],
 
 def conceal(path: str) -> None:
     """Cover ``path``: a folder with an empty read-only tmpfs, a file with /dev/null;
-    nothing where the command could not reach it anyway (a fresh tmpfs, a folder it
-    cannot enter)."""
-    if _fresh(path) or not os.path.lexists(path):
+    nothing where it is not there to be reached (in a fresh tmpfs, unless a needed folder
+    was bound back around it)."""
+    if not os.path.lexists(path):
         return
     if os.path.isdir(path):
         tmpfs(path, "size=4k,mode=755")

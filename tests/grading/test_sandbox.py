@@ -645,3 +645,14 @@ def test_the_checkers_memory_and_output_are_closed_to_its_ranks(folders, mode, s
     mine, _ = folders
     done = run_sandboxed([PYTHON, "-c", UNDUMPABLE_PARENT, mode], mine, **BUDGET)
     assert done.stdout.strip() == said, (done.stdout, done.stderr)
+
+
+def test_a_hidden_path_inside_the_package_checkout_is_out_of_sight(folders):
+    """The class lives in the checkout the sandbox needs (it holds ddp_lab). Wherever the
+    checkout is (under /tmp, the sandbox binds it back into its fresh /tmp), what the
+    grader hides inside it stays hidden."""
+    from ddp_lab.grading.sandbox_orders import PACKAGE_HOME
+    mine, _ = folders
+    inside = PACKAGE_HOME / "tests" / "grading" / "class" / "right"
+    done = python(f"import os; print(os.listdir({str(inside)!r}))", mine, hidden=(inside,))
+    assert done.stdout.strip() == "[]", done
