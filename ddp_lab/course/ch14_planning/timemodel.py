@@ -53,7 +53,7 @@ def comm_seconds(name: str, config: PlanConfig, fits: dict, rank: int = 0) -> fl
                for family, nbytes, size in predicted_calls(name, config, rank))
 
 
-def cores() -> int:
+def machine_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
@@ -68,7 +68,7 @@ def pipeline_seconds(config: PlanConfig, compute: dict, cores: int | None = None
     """GPipe: m + p - 1 slots, each as long as the calibrated slot, longer where more stages
     are busy at once than there are cores (the calibration pass had one busy stage at a time),
     then Adam."""
-    cores = cores or globals()["cores"]()
+    cores = cores or machine_cores()
     slots = range(config.microbatches + WORLD - 1)
     shared = sum(max(1.0, busy_stages(s, config) / cores) for s in slots)
     return shared * compute["pipeline_slot"] + compute["adam"] * adam_parameters("PP", config, 0)
