@@ -9,7 +9,8 @@ from matplotlib.figure import Figure
 import ddp_lab
 from ddp_lab.tools import bench_allreduce
 from ddp_lab.course.ch04_allreduce import allreduce as ar
-from ddp_lab.course.ch04_allreduce.sweep import SweepConfig, fit_alpha_beta, measure_sweep
+from ddp_lab.course.alpha_beta import fit_alpha_beta
+from ddp_lab.course.ch04_allreduce.sweep import SweepConfig, measure_sweep
 from ddp_lab.course.ch04_allreduce.plots import allreduce_curves, bytes_per_rank, ring_steps, threads_effect
 
 try:  # hypothesis is not a declared dependency: the property test runs where it is installed

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from ddp_lab.course.ch04_allreduce.sweep import AlphaBeta
+from ddp_lab.course.alpha_beta import AlphaBeta
 from ddp_lab.course.ch14_planning import calibrate, costs, experiment, paper, plots, timemodel
 from ddp_lab.course.ch14_planning.plans import PLANS, PlanConfig
 

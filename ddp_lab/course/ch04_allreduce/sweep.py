@@ -12,13 +12,13 @@ nccl-tests times one such burst per size, we time ``bursts`` of them and keep th
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from ddp_lab.course.alpha_beta import AlphaBeta, fit_alpha_beta
 from ddp_lab.course.ch04_allreduce.allreduce import ALGORITHMS, Link
 from ddp_lab.course.units import MiB
 
@@ -109,33 +109,6 @@ def _combine(mine: dict, names: list, sizes) -> dict:
         sent[name][size] = [c[j] for c in counts]
         i += n
     return {"seconds": seconds, "bytes": sent}
-
-
-@dataclass(frozen=True)
-class AlphaBeta:
-    """t(size) = alpha + beta * size, fitted by least squares on relative error (so 1 KiB
-    counts as much as 64 MiB); r2 is the coefficient of determination of log t."""
-
-    alpha: float
-    beta: float
-    r2: float
-    max_rel_error: float
-
-    def predict(self, size: float) -> float:
-        return self.alpha + self.beta * size
-
-
-def fit_alpha_beta(sizes, seconds) -> AlphaBeta:
-    a = torch.tensor([[1.0 / t, s / t] for s, t in zip(sizes, seconds)], dtype=torch.float64)
-    alpha, beta = torch.linalg.lstsq(a, torch.ones(len(sizes), 1, dtype=torch.float64)
-                                     ).solution.flatten().tolist()
-    predicted = [max(alpha + beta * s, 1e-12) for s in sizes]
-    logs, fit_logs = [math.log(t) for t in seconds], [math.log(p) for p in predicted]
-    mean = sum(logs) / len(logs)
-    total = sum((x - mean) ** 2 for x in logs) or 1.0
-    r2 = 1 - sum((x - y) ** 2 for x, y in zip(logs, fit_logs)) / total
-    rel = max(abs(p - t) / t for p, t in zip(predicted, seconds))
-    return AlphaBeta(alpha, beta, r2, rel)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ddp_lab.course.ch04_allreduce.sweep import AlphaBeta, fit_alpha_beta
+from ddp_lab.course.alpha_beta import AlphaBeta, fit_alpha_beta
 
 KINDS = (("all_reduce", 4), ("all_reduce", 2), ("all_gather", 4), ("reduce_scatter", 4),
          ("broadcast", 4))
