@@ -31,6 +31,8 @@ def test_checkpoint_saved_on_three_ranks_loads_on_two():
     for r in loaded:
         assert reshard.same_tensors(r["full"], saved[0]["full"])
         assert not reshard.same_tensors(r["before"], saved[0]["full"])
+        assert reshard.same_tensors(r["moments"], saved[0]["moments"])   # Adam's state too
+        assert r["adam_steps"] == {1.0}
 
 
 def test_replica_group_survives_a_loss_and_heals_a_newcomer():
@@ -77,6 +79,7 @@ def test_local_sgd_and_diloco_send_period_times_fewer_bytes():
     assert got[0]["DDP"]["bytes"] == 8 * P
     assert got[0]["LocalSGD"]["bytes"] == got[0]["DiLoCo"]["bytes"] == 2 * P
     assert got[0]["DiLoCo"]["params"].equal(got[1]["DiLoCo"]["params"])
+    assert got[0]["DDP"]["per_step"] == [1] + [2] * 7     # one bucket, two after the rebuild
 
 
 def _int8_cases() -> dict:

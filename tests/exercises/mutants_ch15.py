@@ -54,6 +54,19 @@ def old_momenta_returned(outer, local, momenta, outer_lr, momentum):
     return new_outer, momenta
 
 
+def fresh_torch_sgd(outer, local, momenta, outer_lr, momentum):
+    """torch's SGD with Nesterov on the mean delta, but a fresh one: the momenta passed in
+    never reach it (its first step sets buf = grad)."""
+    params = [torch.nn.Parameter(o.clone()) for o in outer]
+    sgd = torch.optim.SGD(params, lr=outer_lr, momentum=momentum, nesterov=True)
+    for p, o, mine in zip(params, outer, local):
+        delta = o - mine
+        dist.all_reduce(delta)
+        p.grad = delta / dist.get_world_size()
+    sgd.step()
+    return [p.detach() for p in params], [sgd.state[p]["momentum_buffer"] for p in params]
+
+
 def local_parameters_averaged(outer, local, momenta, outer_lr, momentum):
     """LocalSGD's averaging instead of the outer step: the mean of the local parameters."""
     averaged = []
@@ -71,6 +84,7 @@ MUTANTS = [
     (NAME, delta_sign_flipped, "the pseudo-gradient is outer - local"),
     (NAME, outer_lr_ignored, "ignored the outer learning rate"),
     (NAME, old_momenta_returned, "the new momenta are not"),
+    (NAME, fresh_torch_sgd, r"ignored the momenta given: a fresh torch\.optim\.SGD"),
     (NAME, local_parameters_averaged, r"not outer - outer_lr \* \(d \+ momentum \* buf\)"),
 ]
 

@@ -1,7 +1,12 @@
 """Fewer synchronisations on a slow link (notebook 15): DDP, LocalSGD and DiLoCo on the same
 data, the bytes each all-reduces and the time each takes.
 
-- DDP all-reduces the gradients at every step (``DistributedDataParallel``).
+- DDP all-reduces the gradients at every step (``DistributedDataParallel``), one all-reduce
+  per bucket: its first iteration has one bucket of every parameter
+  (torch/nn/parallel/distributed.py:154), then it rebuilds them once, before the second
+  forward (:1769-1775), in backward's order with a first bucket of about 1 MiB
+  (``dist._DEFAULT_FIRST_BUCKET_BYTES``) and 25 MiB ones after it: on this 1.29 MB model, one
+  all-reduce at step 1 and two at every later step (``per_step``).
 - LocalSGD (Lin et al. 2018, https://arxiv.org/abs/1808.07217) lets every rank take
   ``period`` steps alone and then averages the parameters. torch ships it:
   ``PostLocalSGDOptimizer`` (torch/distributed/optim/post_localSGD_optimizer.py:100-105:
@@ -9,8 +14,12 @@ data, the bytes each all-reduces and the time each takes.
   ``PeriodicModelAverager`` (torch/distributed/algorithms/model_averaging/averagers.py:108-127:
   averages when ``step >= warmup_steps`` and ``(step - warmup_steps) % period == 0``; one
   all-reduce of the flattened parameters divided by the world size,
-  model_averaging/utils.py:21-49). With ``warmup_steps=0`` and no DDP the ranks never sync
-  gradients, only parameters, every ``period`` steps (its step 0 included).
+  model_averaging/utils.py:21-49). torch's recipe is hierarchical: DDP with
+  ``post_localSGD_hook`` all-reduces the gradients over all ranks during the warm-up
+  (ddp_comm_hooks/post_localSGD_hook.py:106), and after it, by default, still every step
+  inside a subgroup, one per machine (``dist.new_subgroups()``, :123); the averager adds the
+  average over all every ``period`` steps. With ``warmup_steps=0`` and no DDP, as here, the
+  ranks never sync gradients, only parameters, every ``period`` steps (its step 0 included).
 - DiLoCo (Douillard et al. 2023, https://arxiv.org/abs/2311.08105) also takes ``period``
   inner steps alone, then treats ``outer - local`` (the pseudo-gradient) averaged over the
   ranks as the gradient of an outer SGD with Nesterov momentum: the averaging is the same
@@ -111,11 +120,11 @@ def _set_up(method: str, config: SyncConfig):
 def train(method: str, config: SyncConfig = SyncConfig()) -> dict:
     """On each rank: ``config.steps`` steps of ``method`` on this rank's rows of the shared
     regression task. Its losses (this rank's batch), the seconds, the bytes and the number of
-    all-reduces it issued, and a checksum of its final parameters."""
+    all-reduces it issued (in all and at each step), and its first final parameters."""
     module, optimizer = _set_up(method, config)
     x, y = regression_data(config.model, config.steps * config.batch * dist.get_world_size())
     dist.barrier()
-    losses, start = [], time.perf_counter()
+    losses, per_step, start = [], [], time.perf_counter()
     with CollectiveTrace() as trace:
         for step in range(config.steps):
             optimizer.zero_grad()
@@ -124,11 +133,13 @@ def train(method: str, config: SyncConfig = SyncConfig()) -> dict:
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
+            per_step.append(len(trace.of("all_reduce")) - sum(per_step))
     seconds = time.perf_counter() - start
     reduces = trace.of("all_reduce")
     params = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
     return {"method": method, "loss": losses, "seconds": seconds,
             "bytes": sum(c.nbytes for c in reduces), "all_reduces": len(reduces),
+            "per_step": per_step,
             "param_bytes": params.numel() * params.element_size(),
             "params": params[:64].clone()}
 

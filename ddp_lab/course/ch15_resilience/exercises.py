@@ -11,7 +11,8 @@ The checker's process draws every rank's inputs from a fresh seed and deals each
 (``local`` differs between ranks; ``outer`` and ``momenta`` are the same), the outer learning
 rate and momentum at random (never 1 or 0), and compares what came back there, with the wrong
 answers learners write recognised by name: the own delta only, a sum instead of a mean, no
-Nesterov, the delta's sign flipped, the learning rate ignored.
+Nesterov, the delta's sign flipped, the learning rate ignored, the momenta given ignored (a
+fresh ``torch.optim.SGD``, whose first step starts its buffer at the gradient).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _trial(fn, dealt):
 
 
 def outer_step_by_formula(inputs: dict, mean=True, nesterov=True, sign=1.0, lr=None,
-                          own=None) -> tuple[list, list]:
+                          own=None, momenta=True) -> tuple[list, list]:
     """The outer step computed here, in one process, with one thing changed or not: the
     checker's expectation and the wrong answers it names."""
     world = len(inputs["local"])
@@ -70,7 +71,7 @@ def outer_step_by_formula(inputs: dict, mean=True, nesterov=True, sign=1.0, lr=N
     for i, start in enumerate(inputs["outer"]):
         delta = sum(sign * (start - inputs["local"][r][i]) for r in ranks)
         delta = delta / (len(ranks) if mean else 1)
-        buf = inputs["mu"] * inputs["momenta"][i] + delta
+        buf = inputs["mu"] * inputs["momenta"][i] + delta if momenta else delta
         new_momenta.append(buf)
         step = delta + inputs["mu"] * buf if nesterov else buf
         new_outer.append(start - lr * step)
@@ -94,6 +95,10 @@ WRONG = (  # (what the answer did, what is true), tried when the answer is not t
                      "steps moved away from the start), and the outer step subtracts it"),
     ({"lr": 1.0}, "ignored the outer learning rate: the step is outer_lr times the Nesterov "
                   "direction"),
+    ({"momenta": False}, "ignored the momenta given: a fresh torch.optim.SGD starts its buffer "
+                         "at the gradient on its first step (buf = d, torch/optim/sgd.py:360-361); "
+                         "set optimizer.state[p]['momentum_buffer'] = buf.clone() before step(), "
+                         "or write the update"),
 )
 
 
@@ -151,7 +156,7 @@ EXERCISES = (
         hint="the pseudo-gradient of a round is how far the inner steps moved each parameter "
              "from where the round started, averaged over the ranks; the outer optimizer "
              "treats it as a gradient (torch.optim.SGD with nesterov=True does the rest, see "
-             "its documented update).",
+             "its documented update, once its state holds the momenta given).",
         recipe="for each tensor: d = outer_t - local_t; dist.all_reduce(d); d /= world; "
                "buf = momentum * buf + d; new = outer_t - outer_lr * (d + momentum * buf); "
                "return the lists of new and of buf.",
