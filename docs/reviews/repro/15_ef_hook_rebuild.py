@@ -1,6 +1,8 @@
 """int8_error_feedback_hook keys its error buffers by bucket.index(); DDP rebuilds its buckets
 after the first iteration. On a model larger than DDP's first bucket (1 MiB) the buffer of
-bucket 0 changes size between iteration 1 and 2. Run: python docs/reviews/repro/15_ef_hook_rebuild.py"""
+bucket 0 changes size between iteration 1 and 2. Run: python docs/reviews/repro/15_ef_hook_rebuild.py
+(Since the fix the hook's state is a quantized.ErrorFeedbackState and its buffers start at
+iteration 2: this prints failed_at_step None.)"""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -13,7 +15,7 @@ from ddp_lab.course.models import make_mlp
 
 def worker():
     ddp = DDP(make_mlp(diloco.SyncConfig().model))       # 1.29 MB of fp32 parameters
-    errors, sizes = {}, []
+    errors, sizes = quantized.ErrorFeedbackState(), []
 
     def hook(state, bucket):
         sizes.append((bucket.index(), bucket.buffer().numel()))
