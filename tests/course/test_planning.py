@@ -80,3 +80,25 @@ def test_figures(loopback):
     assert isinstance(plots.predicted_vs_measured(loopback, 3.0), Figure)
     assert isinstance(plots.state_per_rank(loopback), Figure)
     assert isinstance(plots.cluster_sweep(paper.sweep(widths=(1024, 2048)), paper.HBM), Figure)
+
+
+def test_state_reads_the_gradients_from_grad():
+    import torch
+    import torch.nn as nn
+
+    from ddp_lab.course.ch14_planning import measure
+    from ddp_lab.course.ch14_planning.plans import Built
+    model = nn.Linear(4, 4)
+    built = Built(model, torch.optim.Adam(model.parameters()), lambda k: None)
+    assert measure.state_bytes(built)["gradients"] == 0          # no backward yet: no .grad
+    model(torch.randn(2, 4)).sum().backward()
+    assert measure.state_bytes(built)["gradients"] == (16 + 4) * 4
+    model.bias.grad = None                                       # a plan that kept only some
+    assert measure.state_bytes(built)["gradients"] == 16 * 4
+
+
+def test_pipeline_slot_on_the_line_between_one_and_every_stage_busy():
+    compute = {"pipeline_slot": 1.0, "pipeline_slot_busy": 4.0, "adam": 0.0}
+    assert [timemodel.slot_seconds(b, compute) for b in (1, 2, 3, 4)] == [1.0, 2.0, 3.0, 4.0]
+    # GPipe, m = p = 4: busy 1, 2, 3, 4, 3, 2, 1
+    assert timemodel.pipeline_seconds(SMALL, compute) == pytest.approx(16.0)

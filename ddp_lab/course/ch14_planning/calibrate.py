@@ -6,7 +6,8 @@ once, as in training, so the shared cores are in the numbers):
   squares on relative error, ``fit_alpha_beta``);
 - the seconds of one Linear's forward and backward at each (rows, fan_in, fan_out) the
   plans compute, and of Adam's step per parameter;
-- one slot of the pipeline: a micro-batch through the stages and back, per stage.
+- one slot of the pipeline at both ends of its schedule: with one stage busy (a micro-batch
+  through the stages and back, per stage) and with every stage busy at once.
 """
 
 from __future__ import annotations
@@ -102,9 +103,10 @@ def adam_seconds_per_parameter(numel: int = 1 << 18, repeats: int = 10) -> float
 
 def pipeline_slot_seconds(config, repeats: int = 5) -> float:
     """One micro-batch through the 4 stages of the PP plan, forward and back (GPipe with one
-    micro-batch: p slots one after the other), per slot: a stage's compute, its hop to the
-    neighbour, and what neither calibration above sees, the wait for a process to wake up and
-    the Python of each step. The fastest of ``repeats`` passes, the slowest rank's."""
+    micro-batch: p slots one after the other, one stage busy at a time), per slot: a stage's
+    compute, its hop to the neighbour, and what neither calibration above sees, the wait for
+    a process to wake up and the Python of each step. The fastest of ``repeats`` passes, the
+    slowest rank's."""
     from ddp_lab.course.ch14_planning.plans import global_batch, pipeline_stage
     from ddp_lab.course.timing import slowest_rank_seconds
     rows = config.global_batch // config.microbatches
@@ -118,10 +120,43 @@ def pipeline_slot_seconds(config, repeats: int = 5) -> float:
     return min(times[1:]) / dist.get_world_size()
 
 
+def busy_slot_seconds(config, repeats: int = 5) -> float:
+    """One slot of the pipeline with every stage busy at once, as in the middle of GPipe's
+    schedule: each stage runs its layers forward on a micro-batch, sends the output to the
+    next stage and receives one from the previous (a ring, so that every stage has both
+    neighbours), then backward, sending the input's gradient back the other way. The 4
+    processes now share the cores and wake each other up while the others compute. The
+    fastest of ``repeats``, the slowest rank's."""
+    from ddp_lab.course.ch14_planning.plans import pipeline_stage
+    from ddp_lab.course.timing import slowest_rank_seconds
+    rank, stages = dist.get_rank(), dist.get_world_size()
+    rows = config.global_batch // config.microbatches
+    stage = pipeline_stage(config, rows)
+    x = torch.randn(rows, config.width, requires_grad=True)
+    grad = torch.randn(rows, config.width)
+    received = torch.empty(rows, config.width)
+
+    def slot() -> None:
+        out = stage.module(x)
+        send = dist.isend(out.detach().contiguous(), (rank + 1) % stages)
+        dist.recv(received, (rank - 1) % stages)
+        send.wait()
+        out.backward(grad)
+        send = dist.isend(x.grad.contiguous(), (rank - 1) % stages)
+        dist.recv(received, (rank + 1) % stages)
+        send.wait()
+        x.grad = None
+        stage.module.zero_grad()
+    times = [slowest_rank_seconds(slot) for _ in range(repeats + 1)]
+    return min(times[1:])
+
+
 def compute_seconds(shapes, config) -> dict:
     """{"rows x fan_in x fan_out": seconds of forward + backward} for each shape, "adam":
-    seconds of Adam's step per parameter, "pipeline_slot": ``pipeline_slot_seconds``."""
+    seconds of Adam's step per parameter, "pipeline_slot": ``pipeline_slot_seconds`` (one
+    stage busy), "pipeline_slot_busy": ``busy_slot_seconds`` (every stage busy)."""
     out = {f"{r}x{i}x{o}": layer_seconds(r, i, o) for r, i, o in shapes}
     out["adam"] = adam_seconds_per_parameter()
     out["pipeline_slot"] = pipeline_slot_seconds(config)
+    out["pipeline_slot_busy"] = busy_slot_seconds(config)
     return out

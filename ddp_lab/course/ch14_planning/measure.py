@@ -21,16 +21,17 @@ def traced_calls(trace: CollectiveTrace) -> list[tuple[str, int, int]]:
 
 
 def state_bytes(built) -> dict:
-    """Bytes of parameters, gradients and optimizer state this rank holds after a step
-    (gradients as ``optimizer.zero_grad(set_to_none=False)`` would keep them: one per
-    parameter)."""
+    """Bytes of parameters, gradients and optimizer state this rank holds after a step: the
+    tensors themselves, the gradients read from each held parameter's ``.grad`` (a plan's
+    step clears them at its start, not its end, so they are still there)."""
     params = [p for p in built.model.parameters()]
+    grads = [p.grad for p in params if p.grad is not None]
     optimizer = getattr(built.optimizer, "local", built.optimizer)
     state = [] if optimizer is None else [
         t for s in optimizer.state.values() for t in s.values()
         if isinstance(t, torch.Tensor) and t.dim() > 0]
     nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
-    return {"parameters": nbytes(params), "gradients": nbytes(params),
+    return {"parameters": nbytes(params), "gradients": nbytes(grads),
             "optimizer": nbytes(state)}
 
 

@@ -68,7 +68,9 @@ def global_batch(config: PlanConfig, step: int) -> tuple[torch.Tensor, torch.Ten
 @dataclass
 class Built:
     """A plan ready to train: ``step(k)`` runs training step k; ``model`` and ``optimizer``
-    are what this rank holds (for the memory count)."""
+    are what this rank holds (for the memory count). A step clears the previous step's
+    gradients first (``zero_grad``) and leaves its own in ``.grad``, so that they can be
+    measured after it."""
 
     model: nn.Module
     optimizer: object
@@ -81,11 +83,11 @@ def _linears(model: nn.Sequential) -> list[nn.Linear]:
 
 def _data_parallel_step(model, optimizer, config, before_step, rank, replicas):
     def step(k: int) -> None:
+        optimizer.zero_grad()
         x, y = (t.chunk(replicas)[rank] for t in global_batch(config, k))
         nn.functional.mse_loss(model(x), y).backward()
         before_step()
         optimizer.step()
-        optimizer.zero_grad()
     return step
 
 
@@ -165,11 +167,11 @@ def pipeline(config: PlanConfig) -> Built:
     optimizer = torch.optim.Adam(stage.module.parameters(), lr=config.lr)
 
     def step(k: int) -> None:
+        optimizer.zero_grad()
         x, y = global_batch(config, k)
         stage.run("GPipe", list(x.chunk(config.microbatches)), list(y.chunk(config.microbatches)),
                   nn.functional.mse_loss)
         optimizer.step()
-        optimizer.zero_grad()
     return Built(stage.module, optimizer, step)
 
 

@@ -7,15 +7,16 @@ The pipeline is the exception: what costs is the schedule. GPipe on p stages wit
 micro-batches runs m + p - 1 slots (Huang et al., https://arxiv.org/abs/1811.06965), a slot
 being one micro-batch's forward and backward on a stage with its hops to the neighbours.
 On this machine a slot is mostly fixed cost (a process waking up when its neighbour's
-message arrives, the Python of each step: a few 16 KiB messages ride the link's burst), so
-the slot is calibrated on a pass of one micro-batch (``calibrate.pipeline_slot_seconds``)
-and the model predicts the step with m micro-batches from it, each slot stretched where more
-stages are busy than the machine has cores.
+message arrives, the Python of each step: a few 16 KiB messages ride the link's burst), and
+it grows with the number of stages busy at once: the 4 processes share 2 cores, and each
+wake-up waits for a core. So the slot is calibrated at both ends: with one stage busy (a
+pass of one micro-batch, ``calibrate.pipeline_slot_seconds``) and with every stage busy
+(``calibrate.busy_slot_seconds``); a slot of GPipe's schedule with b of the p stages busy is
+taken on the straight line between the two. (Calibrated on the one-stage pass alone, the
+model predicted half the measured step.)
 """
 
 from __future__ import annotations
-
-import os
 
 from ddp_lab.course.ch14_planning.costs import WORLD, adam_parameters, predicted_calls
 from ddp_lab.course.ch14_planning.plans import PlanConfig
@@ -53,10 +54,6 @@ def comm_seconds(name: str, config: PlanConfig, fits: dict, rank: int = 0) -> fl
                for family, nbytes, size in predicted_calls(name, config, rank))
 
 
-def machine_cores() -> int:
-    return len(os.sched_getaffinity(0))
-
-
 def busy_stages(slot: int, config: PlanConfig) -> int:
     """Stages that hold a micro-batch in GPipe's ``slot`` (0 .. m + p - 2): 1, 2, .., then
     down again as the pipeline drains."""
@@ -64,14 +61,19 @@ def busy_stages(slot: int, config: PlanConfig) -> int:
     return min(slot + 1, m, p, m + p - 1 - slot)
 
 
-def pipeline_seconds(config: PlanConfig, compute: dict, cores: int | None = None) -> float:
-    """GPipe: m + p - 1 slots, each as long as the calibrated slot, longer where more stages
-    are busy at once than there are cores (the calibration pass had one busy stage at a time),
+def slot_seconds(busy: int, compute: dict) -> float:
+    """A slot with ``busy`` of the WORLD stages busy: on the line from the calibrated slot
+    with one stage busy to the one with every stage busy."""
+    one, every = compute["pipeline_slot"], compute["pipeline_slot_busy"]
+    return one + (every - one) * (busy - 1) / (WORLD - 1)
+
+
+def pipeline_seconds(config: PlanConfig, compute: dict) -> float:
+    """GPipe: m + p - 1 slots, each as long as a calibrated slot with as many stages busy,
     then Adam."""
-    cores = cores or machine_cores()
     slots = range(config.microbatches + WORLD - 1)
-    shared = sum(max(1.0, busy_stages(s, config) / cores) for s in slots)
-    return shared * compute["pipeline_slot"] + compute["adam"] * adam_parameters("PP", config, 0)
+    return (sum(slot_seconds(busy_stages(s, config), compute) for s in slots)
+            + compute["adam"] * adam_parameters("PP", config, 0))
 
 
 def predicted_seconds(name: str, config: PlanConfig, fits: dict, compute: dict) -> dict:
