@@ -102,3 +102,12 @@ def test_pipeline_slot_on_the_line_between_one_and_every_stage_busy():
     assert [timemodel.slot_seconds(b, compute) for b in (1, 2, 3, 4)] == [1.0, 2.0, 3.0, 4.0]
     # GPipe, m = p = 4: busy 1, 2, 3, 4, 3, 2, 1
     assert timemodel.pipeline_seconds(SMALL, compute) == pytest.approx(16.0)
+
+
+def test_paper_zero2_shards_the_gradients_at_ddps_bytes():
+    job = paper.Job(width=4096)
+    plans = {n: paper.plan_at_scale(job, n) for n in ("DDP", "ZeRO-1", "ZeRO-2", "FSDP")}
+    assert plans["ZeRO-2"]["comm"] == plans["DDP"]["comm"] == plans["ZeRO-1"]["comm"]
+    state = {n: paper._plan(job, n)["state"] for n in plans}
+    assert state["ZeRO-2"] == pytest.approx((2 + 14 / 64) * job.params)
+    assert state["FSDP"] < state["ZeRO-2"] < state["ZeRO-1"] < state["DDP"]

@@ -10,7 +10,8 @@ H100 SXM: https://www.nvidia.com/en-us/data-center/h100/):
 - InfiniBand NDR: one 400 Gb/s ConnectX-7 per GPU, 50 GB/s each way, between nodes.
 
 Memory: mixed-precision Adam keeps 16 bytes per parameter (bf16 weights 2 and gradients 2,
-fp32 master weights, momentum and variance 12: ZeRO, https://arxiv.org/abs/1910.02054, 3.1),
+fp32 master weights, momentum and variance 12: ZeRO, https://arxiv.org/abs/1910.02054, 3.1;
+ZeRO-1 shards the 12, ZeRO-2 the gradients' 2 too, ZeRO-3 (FSDP) everything),
 and each layer's output (bf16, rows x width) until backward; with activation checkpointing
 only each pair of layers' input is kept, one pair's outputs are rebuilt at a time, and the
 forward runs twice (8 instead of 6 flops per parameter and row).
@@ -31,7 +32,7 @@ IB = 50e9        # bytes/s each way per GPU
 GPUS_PER_NODE, NODES = 8, 8
 BF16 = 2
 STATE_BYTES = 16  # per parameter, mixed-precision Adam
-SCALE_PLANS = ("DDP", "ZeRO-1", "FSDP", "TP64", "TP8xFSDP8", "PP8xDP8")
+SCALE_PLANS = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP", "TP64", "TP8xFSDP8", "PP8xDP8")
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,9 @@ def _plan(job: Job, name: str) -> dict:
     "bubble"} of one plan; comm in seconds, at 6 flops per parameter and row."""
     n, p, t = NODES * GPUS_PER_NODE, job.params, GPUS_PER_NODE
     grads = BF16 * p
-    if name in ("DDP", "ZeRO-1", "FSDP"):
+    if name in ("DDP", "ZeRO-1", "ZeRO-2", "FSDP"):
         rows, held = job.tokens / n, {"DDP": STATE_BYTES * p, "ZeRO-1": 4 * p + 12 * p / n,
+                                      "ZeRO-2": 2 * p + 14 * p / n,
                                       "FSDP": STATE_BYTES * p / n}[name]
         comm = ring(grads, n, IB, 3.0 if name == "FSDP" else 2.0)
         shape = (rows, job.layers, 1)

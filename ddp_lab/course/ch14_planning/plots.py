@@ -42,7 +42,7 @@ def predicted_vs_measured(result: dict, factor: float) -> Figure:
     measured = [result["measured_ms"][n] for n in names]
     ax.bar([x - 0.2 for x in xs], compute, 0.4, color="#8c8c8c", label="predicted compute")
     ax.bar([x - 0.2 for x in xs], comm, 0.4, bottom=compute, color="#4c72b0",
-           label="predicted communication")
+           label="predicted communication (PP: slot overhead)")
     ax.bar([x + 0.2 for x in xs], measured, 0.4, color="#dd8452", label="measured step")
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("ms per step")
