@@ -111,3 +111,9 @@ def test_paper_zero2_shards_the_gradients_at_ddps_bytes():
     state = {n: paper._plan(job, n)["state"] for n in plans}
     assert state["ZeRO-2"] == pytest.approx((2 + 14 / 64) * job.params)
     assert state["FSDP"] < state["ZeRO-2"] < state["ZeRO-1"] < state["DDP"]
+
+
+def test_activations_one_tile_per_layer_and_per_pair_checkpointed(loopback):
+    tile = SMALL.global_batch // 4 * SMALL.width * 4
+    assert loopback["activations"] == [{"plain": SMALL.layers * tile,
+                                        "checkpointed": SMALL.layers // 2 * tile}] * 4

@@ -13,12 +13,14 @@ from ddp_lab.course.ch14_planning.timemodel import all_shapes, predicted_seconds
 def on_rank(config: PlanConfig, names) -> dict:
     return {"collectives": calibrate.collective_seconds(),
             "compute": calibrate.compute_seconds(all_shapes(config, names), config),
-            "plans": measure.run_plans(config, names)}
+            "plans": measure.run_plans(config, names),
+            "activations": measure.data_parallel_activations(config)}
 
 
 def run(bandwidth: str = "400mbit", config: PlanConfig = PlanConfig(), names=PLANS,
         timeout: float = 120.0) -> dict:
-    """{"fits", "compute", "per_rank" (each rank's measured plans), "predicted" {plan: seconds
+    """{"fits", "compute", "per_rank" (each rank's measured plans), "activations" (each
+    rank's saved bytes in a data-parallel forward, plain and checkpointed), "predicted" {plan: seconds
     split}, "measured_ms" {plan: ms}, "bandwidth"}. Compute is rank 0's measurement (the
     ranks share the cores alike). ``bandwidth`` None: plain loopback (the tests)."""
     import ddp_lab
@@ -30,6 +32,7 @@ def run(bandwidth: str = "400mbit", config: PlanConfig = PlanConfig(), names=PLA
     return {"bandwidth": bandwidth or "loopback", "config": config, "fits": fits, "compute": compute,
             "collectives": values[0]["collectives"],
             "per_rank": [v["plans"] for v in values],
+            "activations": [v["activations"] for v in values],
             "predicted": {n: predicted_seconds(n, config, fits, compute) for n in names},
             "measured_ms": {n: values[0]["plans"][n]["ms"] for n in names}}
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
-from ddp_lab.course.ch14_planning.plans import PLANS, PlanConfig, build
+from ddp_lab.course.ch14_planning.plans import PLANS, PlanConfig, build, global_batch, make_model
 from ddp_lab.course.collective_trace import CollectiveTrace
 from ddp_lab.course.timing import time_in_turns
 
@@ -33,6 +35,39 @@ def state_bytes(built) -> dict:
     nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
     return {"parameters": nbytes(params), "gradients": nbytes(grads),
             "optimizer": nbytes(state)}
+
+
+def saved_activation_bytes(model: nn.Sequential, x: torch.Tensor, checkpointed: bool) -> int:
+    """Bytes autograd keeps for backward in one forward of ``model`` on ``x`` (distinct
+    storages, the parameters left out), counted as they are saved (a
+    ``saved_tensors_hooks`` pack); ``checkpointed``: each pair of layers (Linear, ReLU,
+    Linear, ReLU) under ``torch.utils.checkpoint``, so only what the outer graph keeps is
+    counted, each pair's input (the pair rebuilt during backward is not)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+    modules = list(model)
+    blocks = [nn.Sequential(*modules[i:i + 4]) for i in range(0, len(modules), 4)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        h = x
+        for block in blocks:
+            h = checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
+    h.sum().backward()
+    return sum(seen.values())
+
+
+def data_parallel_activations(config: PlanConfig) -> dict:
+    """{"plain", "checkpointed"}: saved bytes of one data-parallel rank's forward (its share
+    of the global batch through the whole MLP)."""
+    # a copy: a chunk is a view, and its storage is the whole global batch
+    x = global_batch(config, 0)[0].chunk(dist.get_world_size())[dist.get_rank()].clone()
+    return {kind: saved_activation_bytes(make_model(config), x, kind == "checkpointed")
+            for kind in ("plain", "checkpointed")}
 
 
 def run_plans(config: PlanConfig = PlanConfig(), names=PLANS, iterations: int = 5) -> dict:
