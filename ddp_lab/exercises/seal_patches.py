@@ -31,8 +31,14 @@ def snapshot() -> list[tuple]:
     taken = []
     for space in _guarded_spaces():
         keys, getter = _names_of(space)
+        try:
+            values = getter(vars(space)) if keys else None
+        except KeyError:  # a name gone and another come since: the same size, new names
+            _NAMES.pop(id(space))
+            keys, getter = _names_of(space)
+            values = getter(vars(space)) if keys else None
         if keys:
-            taken.append((space, keys, getter, getter(vars(space)), len(vars(space))))
+            taken.append((space, keys, getter, values, len(vars(space))))
     return taken
 
 

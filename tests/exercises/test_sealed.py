@@ -186,3 +186,18 @@ def test_a_patch_of_the_library_is_put_back_and_refused():
     assert (pickle.dumps, dist.barrier) == (dumps, barrier)
     assert "clone" not in vars(torch.Tensor)
     assert Sealed(lambda: sum([1, 2]), exercise())() == 3  # nothing rebound: no refusal
+
+
+def test_a_module_whose_names_changed_between_seals_is_read_afresh():
+    """The seal caches each guarded module's names while its size stays: a name removed and
+    another added (the same size) must not break the next seal."""
+    import ddp_lab.exercises.fingerprints as module
+    Sealed(lambda: None, exercise())()
+    try:
+        module.swapped_in = module.fingerprint
+        removed = module.own_cell_code
+        del module.own_cell_code
+        Sealed(lambda: None, exercise())()
+    finally:
+        module.own_cell_code = removed
+        del module.swapped_in
