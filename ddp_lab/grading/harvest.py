@@ -14,6 +14,7 @@ beside "no function NAME in the notebook", and trusts nothing else of it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from nbclient import NotebookClient
 from ddp_lab.tools.notebook_runner import CurrentInterpreterKernel, kernel_env
 
 ERRORS_MARK = "ddp-lab-harvest:"
+LEFT_MARK = "ddp-lab-harvest-left:"  # then how many processes the kernels left running
 
 
 def run_notebook(path: Path, cell_timeout: float) -> dict[int, str]:
@@ -61,11 +63,35 @@ def _error_line(cell, cell_timeout: float) -> str:
     return ""
 
 
+def left_running() -> int:
+    """How many processes of this sandbox (its own PID namespace) still run besides this
+    one and those above it: what a kernel forked and left. A fork bomb that a cell's timeout
+    interrupted before the process budget stopped it leaves hundreds (jupyter_client
+    interrupts the kernel's whole process group, so its children wake as copies of it)."""
+    mine, pid = set(), os.getpid()
+    while pid > 0:
+        mine.add(pid)
+        pid = _parent(pid)
+    return sum(1 for entry in os.listdir("/proc")
+               if entry.isdigit() and int(entry) not in mine and _parent(int(entry)) >= 0)
+
+
+def _parent(pid: int) -> int:
+    """``pid``'s parent (0 at the top), or -1 if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1
+    return -1 if fields[0] == "Z" else int(fields[1])
+
+
 def main(argv: list[str]) -> int:
     cell_timeout = float(argv[0])
     for name in argv[1:]:
         errors = run_notebook(Path(name).resolve(), cell_timeout)
         print(ERRORS_MARK + json.dumps({"notebook": name, "errors": errors}), flush=True)
+    print(f"{LEFT_MARK}{left_running()}", flush=True)
     return 0
 
 

@@ -22,7 +22,7 @@ import nbformat
 
 from ddp_lab.grading import results as r
 from ddp_lab.grading.checking import read_results
-from ddp_lab.grading.harvest import ERRORS_MARK
+from ddp_lab.grading.harvest import ERRORS_MARK, LEFT_MARK
 from ddp_lab.grading.sandbox import run_sandboxed
 from ddp_lab.grading.kernel_cells import PAYLOAD_SUFFIX, kernel_notebook
 from ddp_lab.grading.submission import Submission
@@ -30,6 +30,7 @@ from ddp_lab.tools.notebook_runner import kernel_env
 
 GIB = 1 << 30
 PAYLOAD_BYTES = 64 << 20  # a function with its globals; a larger file is not one
+LEFT_NOTED = 16  # processes a kernel left running before the grade says so
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ def _harvest(submission, work: Path, sandbox: _Sandbox, cell_s: float, notes: li
     argv = [sys.executable, "-m", "ddp_lab.grading.harvest", f"{cell_s:g}", *names]
     ran = sandbox.run(argv, folder, sandbox.budgets.kernel_s * len(names))
     _note(ran, "the notebook's kernel", notes)
+    _note_left(ran.stdout, notes)
     wanted = {e for nb in submission.notebooks for e in nb.functions}
     return _payloads(folder, wanted), _cell_errors(ran.stdout, submission)
 
@@ -199,6 +201,17 @@ def _note(ran, what: str, notes: list[str]) -> None:
     elif ran.returncode != 0:
         last = (ran.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1][:300]
         notes.append(f"{what} ended with exit code {ran.returncode}: {last}")
+
+
+def _note_left(stdout: str, notes: list[str]) -> None:
+    """A kernel that left many processes running (a fork bomb whose cell ran out of time
+    first): say so, whatever else its notebook said. A few are let be (a fork server on
+    its way out)."""
+    counts = [line[len(LEFT_MARK):] for line in stdout.splitlines() if line.startswith(LEFT_MARK)]
+    left = int(counts[-1]) if counts and counts[-1].strip().isdigit() else 0
+    if left >= LEFT_NOTED:
+        notes.append(f"the notebook's kernel left {left} processes running (stopped with its "
+                     "sandbox): a cell forked them and never waited for them")
 
 
 def _private(folder: Path) -> Path:

@@ -180,3 +180,26 @@ def test_the_bench_class_spans_every_score(tmp_path):
         submission = read(tmp_path / name, name)
         attempted = [e for e, nb in submission.exercises().items() if not nb.is_stub(e)]
         assert len(submission.exercises()) == 4 and len(attempted) == score
+
+
+def test_a_kernel_that_left_many_processes_running_is_noted(tmp_path):
+    """A fork bomb whose cell ran out of time before the process budget stopped it: the
+    harvest counts what is left in its sandbox, and the grade says so."""
+    import sys
+
+    from ddp_lab.grading.one_submission import _note_left
+    from ddp_lab.grading.sandbox import run_sandboxed
+    forks = ("import os, time\nfrom ddp_lab.grading.harvest import left_running\n"
+             "for _ in range(20):\n    if os.fork() == 0:\n        time.sleep(30)\n"
+             "        os._exit(0)\nprint(left_running())\n")
+    folder = tmp_path / "fork"
+    folder.mkdir()
+    done = run_sandboxed([sys.executable, "-c", forks], folder, wall_s=60,
+                         memory_bytes=4 << 30, max_processes=256)
+    assert done.stdout.strip() == "20", done
+    notes = []
+    _note_left("ddp-lab-harvest:{}\nddp-lab-harvest-left:300\n", notes)
+    assert notes == ["the notebook's kernel left 300 processes running (stopped with its "
+                     "sandbox): a cell forked them and never waited for them"]
+    _note_left("ddp-lab-harvest-left:2\n", notes)
+    assert len(notes) == 1  # a fork server on its way out is no fork bomb
