@@ -22,6 +22,7 @@ import importlib
 import io
 import pickle
 import threading
+import warnings
 
 _ALLOWED = {
     ("builtins", name) for name in ("complex", "set", "frozenset", "slice", "range",
@@ -81,7 +82,9 @@ class PlainUnpickler(pickle.Unpickler):
 
 def _storage_from_bytes(data: bytes):
     import torch
-    return torch.load(io.BytesIO(data), weights_only=True)
+    with warnings.catch_warnings():  # torch.save wrote it with the pickler's protocol, which
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")  # it reads
+        return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def _is_dtype(module: str, name: str) -> bool:
