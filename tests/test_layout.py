@@ -152,11 +152,46 @@ def test_launch_reading_order_names_every_room():
             assert f"``{path.stem}``" in order, path.stem
 
 
+# Imports inside functions count: a lazy import only defers the other module, so A -> B
+# -> A through one still ties the two together (neither is read, tested or moved without the
+# other, and which half-built module the other sees depends on who was imported first). A
+# lazy import with no way back (e.g. one that keeps what a rank imports light) is no cycle.
+# Cycles waiting for their owner's fix (issue 44), each edge with where it is:
+PENDING_CYCLE_EDGES = {
+    # timeouts.py imports outcome.looks_like_knock_on inside two functions, and outcome.py
+    # imports timeouts: the knock-on test wants a home both import (verdict/ is not ours)
+    ("ddp_lab.launch.verdict.timeouts", "ddp_lab.launch.verdict.outcome"),
+}
+
+
+def import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, function-level imports included."""
+    return {name: {i for i in imports_of(path, top_level_only) if i in modules()}
+            for name, path in modules().items()}
+
+
 def test_no_import_cycle():
-    graph = {name: {i for i in imports_of(path, top_level_only=True) if i in modules()}
-             for name, path in modules().items()}
+    graph = {name: {i for i in imported if (name, i) not in PENDING_CYCLE_EDGES}
+             for name, imported in import_graph().items()}
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_imports_inside_functions_count(tmp_path):
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from ddp_lab.launch import magic\n")
+    assert imports_of(lazy) == {"ddp_lab.launch.magic"}
+    assert imports_of(lazy, top_level_only=True) == set()
+
+
+def test_the_magics_share_their_options_without_importing_each_other():
+    """%%ddp registers the live magics (``%load_ext`` loads all three); the options both
+    parse live in one module that imports neither."""
+    graph = import_graph()
+    options = "ddp_lab.launch.live.magic_options"
+    assert "ddp_lab.launch.magic" not in graph["ddp_lab.launch.live.magics"]
+    assert options in graph["ddp_lab.launch.magic"] & graph["ddp_lab.launch.live.magics"]
+    assert not {i for i in graph[options] if "magic" in i}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

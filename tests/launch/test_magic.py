@@ -165,3 +165,27 @@ def test_magic_line_parsing():
     assert (options.world_size, options.timeout, options.backend) == (3, 5.0, "gloo")
     assert names(options.returns) == ("a", "b") and names(options.push) == ("x",)
     assert parse_magic_line("").world_size == 2
+
+
+@pytest.mark.parametrize("parser", ["magic_parser", "ranks_line_parser", "ranks_cell_parser"])
+def test_every_magic_answers_a_bad_option_with_its_usage(parser):
+    from IPython.core.error import UsageError
+
+    from ddp_lab.launch import magic
+    from ddp_lab.launch.live import magics
+    parser = getattr(magic, parser, None) or getattr(magics, parser)
+    prog = parser().prog
+    with pytest.raises(UsageError, match=f"^{prog}: unrecognized arguments: --bogus. Usage: "
+                                         f"{prog} \\[-h\\]") as caught:
+        parser().parse_args(["--bogus"])
+    assert str(caught.value).endswith(f"({prog} --help says more)")
+
+
+def test_pushed_names_come_from_the_notebook_or_are_named_missing():
+    from IPython.core.error import UsageError
+
+    from ddp_lab.launch.live.magic_options import names, pushed_values
+    assert names(" a, b,,") == ("a", "b")
+    assert pushed_values("%%ranks", ("a",), {"a": 1, "b": 2}) == {"a": 1}
+    with pytest.raises(UsageError, match=r"^%%ranks --push: x, y not defined in this notebook"):
+        pushed_values("%%ranks", ("x", "a", "y"), {"a": 1})

@@ -19,32 +19,23 @@ import shlex
 
 from ddp_lab.launch.errors import describe_ranks
 from ddp_lab.launch.live.handle import Ranks
-from ddp_lab.launch.magic import add_rank_options
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, as a UsageError, not a SystemExit traceback
-        from IPython.core.error import UsageError
-        raise UsageError(f"{self.prog}: {message}. {self.prog} --help says more")
+from ddp_lab.launch.live.magic_options import (MagicParser, add_push_option, add_rank_options,
+                                               names, pushed_values)
 
 
 def ranks_line_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="%ddp_ranks", add_help=False,
-                     description="Start the notebook's live ranks (restart them if running); "
-                                 "%%ranks cells then run in them.")
+    parser = MagicParser("%ddp_ranks", "Start the notebook's live ranks (restart them if "
+                                       "running); %%ranks cells then run in them.")
     add_rank_options(parser, world_size=4)
     parser.add_argument("--stop", action="store_true", help="stop the ranks")
     return parser
 
 
 def ranks_cell_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="%%ranks", add_help=False,
-                     description="Run this cell in the live ranks started by %ddp_ranks.")
-    parser.add_argument("-h", "--help", action="store_true", help="show this help")
+    parser = MagicParser("%%ranks", "Run this cell in the live ranks started by %ddp_ranks.")
     parser.add_argument("--on", default="", metavar="RANK[,RANK]",
                         help="only these ranks (default: all)")
-    parser.add_argument("--push", default="", metavar="NAME[,NAME]",
-                        help="notebook variables to send to every rank first")
+    add_push_option(parser, when=" first")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds this cell may run (default: the ranks' timeout)")
     return parser
@@ -81,14 +72,10 @@ class LiveMagics:
             return
         if self.ranks is None or self.ranks.state == "closed":
             raise UsageError("%%ranks: no live ranks yet; start them with %ddp_ranks -n 4")
-        pushed = [n.strip() for n in options.push.split(",") if n.strip()]
-        missing = [n for n in pushed if n not in self.user_ns]
-        if missing:
-            raise UsageError(f"%%ranks --push: {', '.join(missing)} not defined in this "
-                             "notebook; run the cell that defines it first")
+        pushed = pushed_values("%%ranks", names(options.push), self.user_ns)
         if pushed:
-            self.ranks.push(**{n: self.user_ns[n] for n in pushed})
-        on = [int(r) for r in options.on.split(",") if r.strip()] or None
+            self.ranks.push(**pushed)
+        on = [int(r) for r in names(options.on)] or None
         res = self.ranks.exec(cell, on=on, timeout=options.timeout)
         _show_values(on or list(range(self.ranks.world_size)), res.values)
 
@@ -108,7 +95,7 @@ def _show_values(ranks: list[int], values: list) -> None:
 
 
 def register(ipython) -> None:
-    """Called by ``%load_ext ddp_lab`` (magic.py)."""
+    """Called by ``%load_ext ddp_lab`` (magic.py's ``load_ipython_extension``)."""
     magics = LiveMagics(ipython.user_ns)
 
     def ddp_ranks(line: str):
