@@ -21,7 +21,7 @@ from run_probes import run_folders_of
 from ddp_lab.course.ch09_torchrun import torchrun as torchrun_demo
 from ddp_lab.launch.forkserver.process_tree import send, send_to_main_thread
 from ddp_lab.scripts import script_path
-from ddp_lab.launch.torchrun.tee import TeeDemux, error_record
+from ddp_lab.launch.torchrun.tee import TeeDemux, last_failure
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,7 +42,7 @@ def test_demux_splits_the_agent_stream_per_rank_even_mid_line():
     assert TeeDemux().feed(b"\x1e0\x1fa \x1e b") == [(0, b"a \x1e b")]
 
 
-def test_error_record_reads_the_last_traceback_of_a_log():
+def test_last_failure_reads_the_last_traceback_of_a_log():
     log = textwrap.dedent("""\
         step 1
         [rank1]: Traceback (most recent call last):
@@ -50,10 +50,10 @@ def test_error_record_reads_the_last_traceback_of_a_log():
         [rank1]:     raise RuntimeError("bad config")
         [rank1]: RuntimeError: bad config
         done""")
-    record = error_record(log)
-    assert record["type"] == "RuntimeError" and record["message"] == "bad config"
-    assert record["traceback"].splitlines()[1] == '  File "/tmp/x.py", line 6, in <module>'
-    assert error_record("no traceback here\n") is None
+    record = last_failure(log, 12.5)
+    assert (record.type_name, record.message, record.time) == ("RuntimeError", "bad config", 12.5)
+    assert record.traceback.splitlines()[1] == '  File "/tmp/x.py", line 6, in <module>'
+    assert last_failure("no traceback here\n", 1.0) is None
 
 
 def test_unknown_launcher_is_refused_before_anything_starts():

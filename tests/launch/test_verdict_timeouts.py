@@ -13,6 +13,7 @@ import pytest
 
 import ddp_lab
 from ddp_lab.course.ch08_when_it_breaks import stragglers
+from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict.outcome import KNOCK_ON_SIGNS
 from ddp_lab.launch.verdict.timeouts import is_timeout
 
@@ -126,23 +127,24 @@ def test_notebook_08_straggler_names_rank_2_not_rank_0():
     ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7)", True),
     ("Connection closed by peer [127.0.0.1]:5", False), ("bad batch", False)])
 def test_timeouts_are_recognised(message, timed_out):
-    assert is_timeout({"type": "RuntimeError", "message": message}) is timed_out
+    assert is_timeout(RankFailure("RuntimeError", message)) is timed_out
     assert not is_timeout(None)
 
 
-TIMED_OUT = {"type": "RuntimeError", "message": "Timed out waiting 1000ms for recv operation",
-             "traceback": 'Traceback (most recent call last):\n  File "<cell>", line 4, in f\n'
-                          '  File "/site/torch/distributed/distributed_c10d.py", line 3252, '
-                          'in all_reduce\nRuntimeError: Timed out waiting 1000ms', "time": 10.0}
+TIMED_OUT = RankFailure("RuntimeError", "Timed out waiting 1000ms for recv operation",
+                        'Traceback (most recent call last):\n  File "<cell>", line 4, in f\n'
+                        '  File "/site/torch/distributed/distributed_c10d.py", line 3252, '
+                        'in all_reduce\nRuntimeError: Timed out waiting 1000ms', 10.0)
 
 
 def _conclude(tmp_path, ranks, errors, stacks_at_failure=None):
-    from ddp_lab.launch.config import LaunchConfig, RunFiles, write_pickle
+    from ddp_lab.launch.config import LaunchConfig, RunFiles
+    from ddp_lab.launch.rank.failure import write_failure
     from ddp_lab.launch.verdict.outcome import conclude
     from ddp_lab.launch.verdict.record import RankRecord, RunRecord
     files = RunFiles(tmp_path)
     for rank, record in errors.items():
-        write_pickle(files.error(rank), record)
+        write_failure(files.error(rank), record)
     config = LaunchConfig(world_size=len(ranks), backend="gloo", timeout=30.0, env={})
     records = tuple(RankRecord(r, *how, "") for r, how in enumerate(ranks))
     with pytest.raises(ddp_lab.WorkerError) as caught:

@@ -6,6 +6,7 @@ import pytest
 
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
                                    describe_ranks, short_message)
+from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict.outcome import looks_like_knock_on
 from ddp_lab.launch.verdict.stacks import format_dump, waiting_in
 
@@ -52,14 +53,15 @@ def test_gloo_prefix_is_dropped_and_long_messages_cut_at_a_word():
 
 
 def test_knock_on_errors_are_recognised():
-    assert looks_like_knock_on({"type": "RuntimeError", "message": "Connection reset by peer"})
-    assert not looks_like_knock_on({"type": "ValueError", "message": "bad batch"})
+    assert looks_like_knock_on(RankFailure("RuntimeError", "Connection reset by peer"))
+    assert not looks_like_knock_on(RankFailure("ValueError", "bad batch"))
     assert not looks_like_knock_on(None)
 
 
 def test_a_finished_run_is_concluded_from_its_record_alone(tmp_path):
     import ddp_lab
     from ddp_lab.launch.config import LaunchConfig, RunFiles, write_pickle
+    from ddp_lab.launch.rank.failure import write_failure
     from ddp_lab.launch.verdict.outcome import conclude
     from ddp_lab.launch.verdict.record import RankRecord, RunRecord
     files = RunFiles(tmp_path)
@@ -70,8 +72,8 @@ def test_a_finished_run_is_concluded_from_its_record_alone(tmp_path):
     result = conclude(RunRecord(config, tuple(ok), files, 0.5))
     assert result.values == [0, 10] and result.logs == ["hi from 0", "hi from 1"]
     assert files.results() == {0: 0, 1: 10}
-    write_pickle(files.error(1), {"type": "ValueError", "message": "bad", "time": 1.0,
-                                  "traceback": "Traceback ...\nValueError: bad"})
+    write_failure(files.error(1), RankFailure("ValueError", "bad",
+                                              "Traceback ...\nValueError: bad", 1.0))
     crashed = (ok[0], RankRecord(1, 1, 1.0, False, "ValueError: bad"))
     with pytest.raises(ddp_lab.WorkerError) as caught:
         conclude(RunRecord(config, crashed, files, 0.5))
@@ -85,13 +87,14 @@ def _record(tmp_path, exits: dict, results=(), errors=None, script=None):
     """A finished run as the session would record it: rank -> exit code, which ranks left a
     result, and error records (rank -> message) written by failed ranks."""
     from ddp_lab.launch.config import LaunchConfig, RunFiles, write_pickle
+    from ddp_lab.launch.rank.failure import write_failure
     from ddp_lab.launch.verdict.record import RankRecord, RunRecord
     files = RunFiles(tmp_path)
     for rank in results:
         write_pickle(files.result(rank), rank)
     for rank, message in (errors or {}).items():
-        write_pickle(files.error(rank), {"type": "RuntimeError", "message": message,
-                                         "time": 2.0 + rank, "traceback": message})
+        write_failure(files.error(rank), RankFailure("RuntimeError", message, message,
+                                                     2.0 + rank))
     config = LaunchConfig(world_size=len(exits), backend="gloo", timeout=5.0, env={},
                           script=script)
     ranks = tuple(RankRecord(r, code, 1.0 + r, False, "") for r, code in exits.items())
@@ -155,8 +158,7 @@ def test_a_value_that_cannot_be_unpickled_names_its_rank_and_keeps_the_others(tm
 
 
 def test_an_exception_whose_str_raises_is_still_recorded(tmp_path):
-    import pickle
-
+    from ddp_lab.launch.rank.failure import read_failure
     from ddp_lab.launch.rank.main import write_error as _record_error
 
     class Unprintable(Exception):
@@ -167,8 +169,8 @@ def test_an_exception_whose_str_raises_is_still_recorded(tmp_path):
         raise Unprintable("disk 3")
     except Unprintable as exc:
         _record_error(tmp_path / "e.pkl", exc)
-    record = pickle.loads((tmp_path / "e.pkl").read_bytes())
-    assert record["type"] == "Unprintable"
-    assert record["message"].startswith("Unprintable('disk 3') (its message could not be")
-    assert "AttributeError" in record["message"]
-    assert record["traceback"].rstrip().endswith(record["message"])
+    record = read_failure(tmp_path / "e.pkl")
+    assert record.type_name == "Unprintable"
+    assert record.message.startswith("Unprintable('disk 3') (its message could not be")
+    assert "AttributeError" in record.message
+    assert record.traceback.rstrip().endswith(record.message)

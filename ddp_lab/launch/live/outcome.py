@@ -13,9 +13,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ddp_lab.launch.config import RunFiles, read_pickle, write_pickle
+from ddp_lab.launch.config import RunFiles, write_pickle
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, describe_exit,
                                    describe_ranks, safe_message)
+from ddp_lab.launch.rank.failure import RankFailure, read_failure, write_failure
 from ddp_lab.launch.verdict.outcome import RunResult, conclude
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord
 
@@ -76,18 +77,19 @@ def _failure(session, call, logs: list[str], seconds: float) -> DistributedRunEr
 def _rank_record(session, call, state, files: RunFiles, log: str) -> RankRecord:
     rank, reply = state.rank, call.replies.get(state.rank)
     if rank in call.died or state.exitcode is not None:
-        earlier = read_pickle(session.files.error(rank))  # e.g. its group's set-up failed
+        earlier = read_failure(session.files.error(rank))  # e.g. its group's set-up failed
         if earlier:
-            write_pickle(files.error(rank), earlier)
+            write_failure(files.error(rank), earlier)
         return RankRecord(rank, state.exitcode, state.exit_time, state.stopped_by_launcher, log)
     if reply is None and rank in call.targets:  # stuck, not interruptible: to be killed
         return RankRecord(rank, KILLED, time.monotonic(), True, log)
     if reply is None or reply.status == "ok":
         write_pickle(files.result(rank), None)
         return RankRecord(rank, 0, time.monotonic(), False, log)
-    write_pickle(files.error(rank), reply.body)
+    failure = RankFailure.from_plain(reply.body)
+    write_failure(files.error(rank), failure)
     interrupted = reply.status == "interrupted"  # by the launcher, after a peer's failure
-    return RankRecord(rank, 1, reply.body["time"], interrupted, log)
+    return RankRecord(rank, 1, failure.time or time.monotonic(), interrupted, log)
 
 
 def _with_session_state(exc: DistributedRunError, call) -> DistributedRunError:
@@ -127,9 +129,9 @@ def session_state(call) -> tuple[str, str]:
 def group_timed_out(call) -> list[int]:
     """The ranks whose error says an operation of their process group timed out."""
     return [rank for rank, reply in sorted(call.replies.items())
-            if reply.status == "error" and isinstance(reply.body, dict)
-            and any(sign in str(reply.body.get("message", "")).lower()
-                    for sign in GROUP_TIMEOUT_SIGNS)]
+            if reply.status == "error" and any(
+                sign in RankFailure.from_plain(reply.body).message.lower()
+                for sign in GROUP_TIMEOUT_SIGNS)]
 
 
 def _were(ranks: list[int], verb: str = "") -> str:

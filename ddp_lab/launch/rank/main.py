@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,12 +23,10 @@ import cloudpickle
 from ddp_lab.launch.config import RUN_DIR_VAR, RankSpec, RunFiles, write_pickle
 from ddp_lab.launch.errors import safe_message, short_message
 from ddp_lab.launch.rank import teardown
+from ddp_lab.launch.rank.failure import RankFailure, failure_of, write_failure
 from ddp_lab.launch.rank.limits import apply_limits
 
 STACK_SIGNAL = signal.SIGUSR1
-LAUNCHER_MODULES = ("ddp_lab.launch.rank.main", "ddp_lab.launch.rank.cell",
-                    "ddp_lab.launch.rank.pinned_rendezvous",
-                    "ddp_lab.launch.live.rank_loop")  # frames a user's traceback skips
 
 
 def rank_main(spec: RankSpec, output_fd: int, lifeline_fd: int, body=None) -> None:
@@ -202,36 +199,21 @@ def _write_result(path: Path, value) -> None:
 
 
 def write_error(path: Path, exc: BaseException) -> None:
-    write_pickle(path, error_record(exc))
+    write_failure(path, record_failure(exc))
 
 
 def error_record(exc: BaseException) -> dict:
+    """The failure as a live rank's reply carries it: plain data (rank/failure.py)."""
+    return record_failure(exc).to_plain()
+
+
+def record_failure(exc: BaseException) -> RankFailure:
     """What the launcher learns of a failure (type, message, traceback, when)."""
-    name, message = type(exc).__name__, safe_message(exc)
+    failure = failure_of(exc, time.monotonic())
     # One line live; the whole traceback reaches the launcher in the record (and the logs),
     # so a crash of 8 ranks does not print 8 tracebacks into the cell.
-    sys.stderr.write(f"{name}: {short_message(message, limit=200)}\n")
-    return {"type": name, "message": message, "traceback": _format_traceback(exc, message),
-            "time": time.monotonic()}
-
-
-def _format_traceback(exc: BaseException, message: str) -> str:
-    try:
-        text = "".join(traceback.format_exception(exc.with_traceback(_user_frames(exc))))
-    except Exception:  # noqa: BLE001 - e.g. a broken __notes__ or a cause's __str__
-        text = "".join(traceback.format_tb(_user_frames(exc)))
-        text = f"Traceback (most recent call last):\n{text}{type(exc).__name__}: {message}\n"
-    # what traceback writes when str(exc) raises; say what we know instead
-    return text.replace("<exception str() failed>", message)
-
-
-def _user_frames(exc: BaseException):
-    """The traceback without the launcher's own frames: it should start at the user's code."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None and \
-            tb.tb_frame.f_globals.get("__name__") in LAUNCHER_MODULES:
-        tb = tb.tb_next
-    return tb
+    sys.stderr.write(f"{failure.type_name}: {short_message(failure.message, limit=200)}\n")
+    return failure
 
 
 def to_cpu(value):

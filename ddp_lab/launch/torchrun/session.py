@@ -23,7 +23,6 @@ promises:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
@@ -35,8 +34,7 @@ import time
 from pathlib import Path
 
 from ddp_lab.launch.config import (RUN_DIR_VAR, LaunchConfig, RunFiles, loopback_env, new_run_dir,
-                                   package_pythonpath, rank_limits, threads_per_rank,
-                                   write_pickle)
+                                   package_pythonpath, rank_limits, threads_per_rank)
 from ddp_lab.launch.deadlines import DRAIN_QUIET_S, TORCHRUN_STACK_WAIT_S, Deadline
 from ddp_lab.launch.errors import DistributedRunError
 from ddp_lab.launch.forkserver.process_tree import (kill_tree, send, send_to_main_thread,
@@ -45,9 +43,11 @@ from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.output.run_loop import RunLoop
+from ddp_lab.launch.rank.failure import write_failure
 from ddp_lab.launch.rank.limits import apply_limits
 from ddp_lab.launch.torchrun.agent import FAILURES_FILE
-from ddp_lab.launch.torchrun.tee import PREFIX_TEMPLATE, TeeDemux, error_record
+from ddp_lab.launch.torchrun.failures import read_agent_failures
+from ddp_lab.launch.torchrun.tee import PREFIX_TEMPLATE, TeeDemux, last_failure
 from ddp_lab.launch.verdict.outcome import RunResult, conclude
 from ddp_lab.launch.verdict.rank_state import RankState
 from ddp_lab.launch.verdict.record import RunRecord
@@ -206,17 +206,16 @@ class TorchrunSession:
                 f"torchrun's agent failed before the ranks finished (exit code "
                 f"{self.agent.returncode}):\n" + "\n".join(self.agent_lines[-20:]))
         for state in self.ranks:
-            failure = failures.get(str(state.rank))
-            state.exitcode = failure["exitcode"] if failure else 0
+            failure = failures.get(state.rank)
+            state.exitcode = failure.exitcode if failure else 0
             state.exit_time = state.exit_time or time.monotonic()
             state.stopped_by_launcher = state.exitcode in STOPPED_BY_AGENT
-            record = error_record("\n".join(state.lines)) if failure else None
+            record = last_failure("\n".join(state.lines), state.exit_time) if failure else None
             if record:
-                write_pickle(self.files.error(state.rank), {**record, "time": state.exit_time})
+                write_failure(self.files.error(state.rank), record)
 
     def _failures(self) -> dict:
-        path = Path(self.run_dir, FAILURES_FILE)
-        return json.loads(path.read_text()) if path.exists() else {}
+        return read_agent_failures(Path(self.run_dir, FAILURES_FILE))
 
     def record(self) -> RunRecord:
         return RunRecord(self.config, tuple(s.record() for s in self.ranks), self.files,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from ddp_lab.launch.rank.failure import RankFailure
+
 PREFIX_TEMPLATE = "\x1e${rank}\x1f"
 _PREFIX = re.compile(rb"\x1e(\d+)\x1f")
 _CUT_PREFIX = re.compile(rb"\x1e\d*")  # what the pipe may have left of a prefix at a chunk's end
@@ -57,9 +59,10 @@ class TeeDemux:
         return data, b""
 
 
-def error_record(log: str) -> dict | None:
-    """The Python exception at the end of a rank's log, as the default launcher records
-    it (type, message, traceback), or None when the log holds no traceback."""
+def last_failure(log: str, when: float | None) -> RankFailure | None:
+    """The Python exception at the end of a rank's log, as the default launcher's ranks
+    record theirs (type, message, traceback; it happened at ``when``), or None when the log
+    holds no traceback."""
     lines = [_TORCH_RANK_TAG.sub("", line) for line in log.splitlines()]
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
     frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
@@ -71,5 +74,5 @@ def error_record(log: str) -> dict | None:
     match = _EXCEPTION_LINE.match(lines[end]) if end is not None else None
     if match is None:
         return None
-    return {"type": match["type"].rsplit(".", 1)[-1], "message": match["message"] or "",
-            "traceback": "\n".join(lines[starts[0]:end + 1])}
+    return RankFailure(match["type"].rsplit(".", 1)[-1], match["message"] or "",
+                       "\n".join(lines[starts[0]:end + 1]), when)

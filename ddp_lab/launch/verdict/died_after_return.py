@@ -25,6 +25,7 @@ import re
 
 from ddp_lab.launch.config import read_pickle
 from ddp_lab.launch.errors import describe_exit
+from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord
 from ddp_lab.launch.verdict.stacks import no_python_running
 
@@ -51,7 +52,7 @@ AFTER_RETURN_ADVICE = (
     "leaves for that time (atexit handlers, threads, objects freed at exit).")
 
 
-def finished(run: RunRecord, state: RankRecord, record: dict | None) -> bool:
+def finished(run: RunRecord, state: RankRecord, record: RankFailure | None) -> bool:
     """Whether ``state`` died (non-zero exit, no Python error of its own) after its code
     had returned."""
     if state.exitcode in (0, None) or record is not None or state.stopped_by_launcher:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict.record import RankRecord
 
 _LAST_FRAME = re.compile(r'File "([^"]*)", line (\d+)')
@@ -31,19 +32,19 @@ def same_failure(failed: list[RankRecord], records: dict, took_part: list[int]) 
     return sorted(took_part) if len(signatures) == 1 else []
 
 
-def signature(record: dict, rank: int) -> tuple[str, str, tuple | None]:
+def signature(record: RankFailure, rank: int) -> tuple[str, str, tuple | None]:
     """What two ranks' errors must share to be one failure: the type, the message with the
     rank's own number left out, and the innermost frame of the traceback."""
-    message = re.sub(rf"\brank {rank}\b", "rank <r>", record["message"])
-    frames = _LAST_FRAME.findall(record.get("traceback") or "")
-    return record["type"], message, frames[-1] if frames else None
+    message = re.sub(rf"\brank {rank}\b", "rank <r>", record.message)
+    frames = _LAST_FRAME.findall(record.traceback)
+    return record.type_name, message, frames[-1] if frames else None
 
 
-def headline(ranks: list[int], world_size: int, record: dict, exit_text: str) -> str:
+def headline(ranks: list[int], world_size: int, record: RankFailure, exit_text: str) -> str:
     """'every rank failed the same way (exit code 1), so no rank is the root cause: ...'."""
     who = "every rank" if len(ranks) == world_size else f"every rank it ran on ({_list(ranks)})"
     return (f"{who} failed the same way ({exit_text}), so no rank is the root cause: the same "
-            f"{record['type']} on each. Rank {ranks[0]}'s traceback (each rank's is in "
+            f"{record.type_name} on each. Rank {ranks[0]}'s traceback (each rank's is in "
             "err.logs[rank]):")
 
 

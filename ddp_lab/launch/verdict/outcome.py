@@ -7,14 +7,16 @@ that the launcher stopped, are knock-on failures listed after it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ddp_lab.launch.config import read_pickle
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
                                    WorkerTimeout, describe_exit, describe_ranks, safe_message,
                                    short_message)
+from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict import died_after_return, everywhere, timeouts
-from ddp_lab.launch.verdict.record import RankRecord, RunRecord
+from ddp_lab.launch.verdict.record import RankRecord, RunRecord, when_failed
 from ddp_lab.launch.verdict.stacks import describe_crash
 
 KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
@@ -83,8 +85,8 @@ def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> Distributed
     if any(s.exitcode is None for s in failed):
         return DistributedRunError("the ddp_lab fork server died during the run; every rank "
                                    "was stopped. Run again: a new one is started.")
-    records = {s.rank: read_pickle(run.files.error(s.rank)) for s in failed}
-    logs = [log + ("\n" + records[r]["traceback"] if records.get(r) else "")
+    records = {s.rank: run.failure(s.rank) for s in failed}
+    logs = [log + ("\n" + records[r].traceback if records.get(r) else "")
             for r, log in enumerate(logs)]
     took_part = run.participants()
     if same := everywhere.same_failure(failed, records, took_part):
@@ -104,7 +106,7 @@ def _worker_error(run: RunRecord, failed: list[RankRecord], logs) -> Distributed
     knock_on = {r: why for r, why in reasons.items() if r not in own | done}
     also_failed = {r: why for r, why in reasons.items() if r in own | done}
     record = records.get(root.rank)
-    trace = record["traceback"] if record else describe_crash(logs[root.rank])
+    trace = record.traceback if record else describe_crash(logs[root.rank])
     return WorkerError(root.rank, root.exitcode, "" if root.exitcode == 0 else trace, logs,
                        knock_on, hint=hint, also_failed=also_failed,
                        values=died_after_return.values_so_far(run), finished=root.rank in done)
@@ -114,7 +116,7 @@ def _same_everywhere(run: RunRecord, same: list[int], records, logs) -> WorkerEr
     """One failure, told once: no root cause, no list of copies (verdict/everywhere.py)."""
     first = next(s for s in run.ranks if s.rank == same[0])
     record = records[first.rank]
-    return WorkerError(first.rank, first.exitcode, record["traceback"], logs,
+    return WorkerError(first.rank, first.exitcode, record.traceback, logs,
                        hint=_double_init_hint(record), same_on=same,
                        values=died_after_return.values_so_far(run),
                        headline=everywhere.headline(same, len(run.ranks), record,
@@ -164,11 +166,11 @@ def _left_fn_early(run: RunRecord, state: RankRecord) -> bool:
     return run.config.script is None and not run.files.result(state.rank).exists()
 
 
-def _early_exit_hint(run: RunRecord, leaver: RankRecord, knock_on: dict) -> str:
+def _early_exit_hint(run: RunRecord, leaver: RankRecord, knock_on: RankFailure) -> str:
     """Gloo turns 'a peer left while we wait for it' into a connection error: say who left
     and why that breaks the others."""
     who = f"Rank {leaver.rank}"
-    if "connectfullmesh" in knock_on["message"].lower():
+    if "connectfullmesh" in knock_on.message.lower():
         return (f"{who} returned while the others were still connecting to it in "
                 "init_process_group: no rank may leave before every rank has set the group "
                 "up. ddp_lab makes init_process_group wait for all ranks "
@@ -185,10 +187,10 @@ def _early_exit_hint(run: RunRecord, leaver: RankRecord, knock_on: dict) -> str:
             "torch.distributed.algorithms.Join).")
 
 
-def _double_init_hint(record: dict | None) -> str:
+def _double_init_hint(record: RankFailure | None) -> str:
     """fn initialized the group that ddp_lab.run had already initialized: it was written for
     torch.multiprocessing.spawn (or torchrun), where the function sets up its own group."""
-    if not record or "default process group twice" not in record["message"]:
+    if not record or "default process group twice" not in record.message:
         return ""
     return ("fn calls init_process_group itself, but ddp_lab.run has already initialized "
             "the default group for it. Either drop that call (and the MASTER_ADDR/"
@@ -200,18 +202,18 @@ def _double_init_hint(record: dict | None) -> str:
 
 def _root_cause(failed, records):
     def failed_at(state):
-        record = records.get(state.rank)
-        return record["time"] if record else state.exit_time
+        when = when_failed(state, records.get(state.rank))
+        return math.inf if when is None else when
 
     own = [s for s in failed if not s.stopped_by_launcher]
     primary = [s for s in own if not looks_like_knock_on(records.get(s.rank))]
     return min(primary or own or failed, key=failed_at)
 
 
-def looks_like_knock_on(record: dict | None) -> bool:
+def looks_like_knock_on(record: RankFailure | None) -> bool:
     if record is None:
         return False
-    text = f"{record['type']}: {record['message']}".lower()
+    text = record.headline.lower()
     return any(sign in text for sign in KNOCK_ON_SIGNS)
 
 
@@ -219,5 +221,5 @@ def _knock_on_reason(state: RankRecord, record, root_rank: int) -> str:
     if state.stopped_by_launcher:
         return f"stopped by the launcher after rank {root_rank} brought the run down"
     if record:
-        return f"{record['type']}: {short_message(record['message'])}"
+        return record.one_line()
     return describe_exit(state.exitcode)

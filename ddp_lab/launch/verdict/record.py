@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ddp_lab.launch.config import LaunchConfig, RunFiles
+from ddp_lab.launch.rank.failure import RankFailure, read_failure
 
 
 @dataclass(frozen=True)
@@ -38,3 +39,14 @@ class RunRecord:
 
     def logs(self) -> list[str]:
         return [rank.log for rank in self.ranks]
+
+    def failure(self, rank: int) -> RankFailure | None:
+        """The failure record ``rank`` left; None when it left none."""
+        return read_failure(self.files.error(rank))
+
+
+def when_failed(state: RankRecord, failure: RankFailure | None) -> float | None:
+    """When a rank failed: its record says, else its exit does (None: nothing says)."""
+    if failure is not None and failure.time is not None:
+        return failure.time
+    return state.exit_time

@@ -19,9 +19,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_lab.launch.config import read_pickle
-from ddp_lab.launch.errors import describe_exit, describe_ranks, short_message
-from ddp_lab.launch.verdict.record import RankRecord, RunRecord
+from ddp_lab.launch.errors import describe_exit, describe_ranks
+from ddp_lab.launch.rank.failure import RankFailure, read_failure
+from ddp_lab.launch.verdict.record import RankRecord, RunRecord, when_failed
 from ddp_lab.launch.verdict.stacks import NO_STACK, is_launcher_file, waiting_in
 
 TIMEOUT_SIGNS = ("timed out waiting", "wait timeout after", "collective operation timeout",
@@ -30,9 +30,9 @@ _FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>\S
                     r'(?:\n\s{4}(?P<source>\S.*))?')
 
 
-def is_timeout(record: dict | None) -> bool:
+def is_timeout(record: RankFailure | None) -> bool:
     """Whether a rank's error says it gave up waiting for peers."""
-    return record is not None and any(sign in record["message"].lower()
+    return record is not None and any(sign in record.message.lower()
                                       for sign in TIMEOUT_SIGNS)
 
 
@@ -41,7 +41,7 @@ def stacks_at_timeout(files, ranks, collect) -> dict[int, str] | None:
     still running without an error of their own, which say who never joined the collective;
     None until then (the session asks again on its next turn: a knock-on failure may come
     first, from a victim that closed its connections before it had written its error)."""
-    errors = [read_pickle(files.error(state.rank)) for state in ranks]
+    errors = [read_failure(files.error(state.rank)) for state in ranks]
     if not any(is_timeout(error) for error in errors):
         return None
     return collect([s.rank for s, error in zip(ranks, errors) if s.running and error is None])
@@ -72,11 +72,11 @@ def never_joined(run: RunRecord, failed: list[RankRecord], records: dict,
     timed_out = [s for s in failed if is_timeout(records.get(s.rank))]
     if not timed_out:
         return None
-    places = {s.rank: _place(records[s.rank]["traceback"]) for s in timed_out}
+    places = {s.rank: _place(records[s.rank].traceback) for s in timed_out}
     place, _ = Counter(places.values()).most_common(1)[0]
     waited = [r for r in took_part if places.get(r) == place or
               _was_there(run.stacks_at_failure, r, records.get(r), place)]
-    gave_up = min(records[s.rank]["time"] for s in timed_out if places[s.rank] == place)
+    gave_up = min(when_failed(s, records[s.rank]) for s in timed_out if places[s.rank] == place)
     by_rank = {s.rank: s for s in run.ranks}
     absent = [r for r in took_part if r not in waited and
               _seen_elsewhere(run, by_rank[r], records.get(r), gave_up)]
@@ -85,22 +85,22 @@ def never_joined(run: RunRecord, failed: list[RankRecord], records: dict,
     victims = [s for s in failed if s.rank in waited]
     cause = by_rank[absent[0]]
     whereabouts, evidence, later = _where(run, cause, records.get(cause.rank), gave_up)
-    return Absence(cause, absent, {v.rank: _one_line(records[v.rank]) if v.rank in records
+    return Absence(cause, absent, {v.rank: records[v.rank].one_line() if records.get(v.rank)
                                    else "its process ended" for v in victims},
                    place[0], whereabouts, evidence, later)
 
 
-def _was_there(stacks: dict, rank: int, record: dict | None, place) -> bool:
+def _was_there(stacks: dict, rank: int, record: RankFailure | None, place) -> bool:
     """Whether a rank that did not time out itself waited in the same place too: its stack
     when the first rank timed out says so; a rank that had left by then broke off there
     with a knock-on error (a victim that gave up first closed its connections)."""
     if _in_user_code(stacks.get(rank, NO_STACK)):
         return _place(stacks[rank]) == place
     from ddp_lab.launch.verdict.outcome import looks_like_knock_on
-    return looks_like_knock_on(record) and _place(record["traceback"]) == place
+    return looks_like_knock_on(record) and _place(record.traceback) == place
 
 
-def _seen_elsewhere(run: RunRecord, rank: RankRecord, record: dict | None,
+def _seen_elsewhere(run: RunRecord, rank: RankRecord, record: RankFailure | None,
                     gave_up: float) -> bool:
     """Whether anything says where a rank that did not wait with the victims was: its
     stack, its own error, or an end before they gave up. A rank killed by the launcher
@@ -129,29 +129,29 @@ def collective_name(text: str) -> str:
     return "collective"
 
 
-def _where(run: RunRecord, rank: RankRecord, record: dict | None,
+def _where(run: RunRecord, rank: RankRecord, record: RankFailure | None,
            gave_up: float) -> tuple[str, str, str]:
     """(where the absent rank was when the victims gave up, the evidence, what came later)."""
     from ddp_lab.launch.verdict.outcome import looks_like_knock_on
-    ended = (record["time"] if record else rank.exit_time) or gave_up
+    ended = when_failed(rank, record) or gave_up
     stack = run.stacks_at_failure.get(rank.rank, NO_STACK)
     if rank.exitcode == 0 and ended < gave_up:
         return "it had already returned, before they gave up", "", ""
     if is_timeout(record):  # it timed out too, somewhere else
-        return (f"it was in {collective_name(record['traceback'])} (another collective) "
-                "instead", record["traceback"], "")
+        return (f"it was in {collective_name(record.traceback)} (another collective) "
+                "instead", record.traceback, "")
     if _in_user_code(stack):
         return _in_stack(stack), stack, _later(rank, record)
     if looks_like_knock_on(record):
-        return (f"it reached {collective_name(record['traceback'])} only after they had "
-                "given up", record["traceback"], _later(rank, record))
+        return (f"it reached {collective_name(record.traceback)} only after they had "
+                "given up", record.traceback, _later(rank, record))
     if rank.exitcode not in (0, None) and ended < gave_up:
-        why = f": {_one_line(record)}" if record else ""
+        why = f": {record.one_line()}" if record else ""
         return (f"it had died ({describe_exit(rank.exitcode)}{why}) before they gave up",
-                record["traceback"] if record else "", "")
+                record.traceback if record else "", "")
     if record:
         return ("it was not in a collective: it failed later, of its own",
-                record["traceback"], "")
+                record.traceback, "")
     return "no stack of it was taken", "", _later(rank, record)
 
 
@@ -176,9 +176,9 @@ def _in_stack(stack: str) -> str:
             f"{Path(last['file']).name} line {last['line']}" + (f": {code})" if code else ")"))
 
 
-def _later(rank: RankRecord, record: dict | None) -> str:
+def _later(rank: RankRecord, record: RankFailure | None) -> str:
     if record is not None:
-        line = _one_line(record)
+        line = record.one_line()
         return f"Rank {rank.rank} failed only after they had gone: {line}" + \
             ("" if line.endswith(".") else ".")
     if rank.stopped_by_launcher:
@@ -193,10 +193,6 @@ def advice(absence: Absence) -> str:
         f"find why rank {absence.cause.rank} was not there in time (slow work of its own, "
         "another collective, uneven data, a crash), or give init_process_group a timeout "
         "larger than the skew the job legitimately has.")]))
-
-
-def _one_line(record: dict) -> str:
-    return f"{record['type']}: {short_message(record['message'])}"
 
 
 def _ranks(ranks: list[int]) -> str:
