@@ -7,8 +7,11 @@ notebooks; this only runs them).
 The notebooks' folder is the kernel's working folder, where the payloads land. A cell that
 runs past ``CELL_TIMEOUT`` seconds is interrupted and the notebook goes on (a loop in one
 exercise cell costs that exercise only); a kernel that dies ends its notebook. What each
-exercise cell raised is printed as one JSON line per notebook: the grade may quote it
-beside "no function NAME in the notebook", and trusts nothing else of it.
+cell raised is printed as one JSON line per notebook: the grade may quote it beside "no
+function NAME in the notebook", and trusts nothing else of it. A cell's error is taken from
+the kernel's reply to it first (nbclient's own reply when the cell timed out), then from its
+outputs: a kernel wedged by its own cell (a fork bomb interrupted mid-fork) may never send
+the error output, and the reason must not be lost with it.
 """
 
 from __future__ import annotations
@@ -30,15 +33,17 @@ LEFT_MARK = "ddp-lab-harvest-left:"  # then how many processes the kernels left 
 def run_notebook(path: Path, cell_timeout: float) -> dict[int, str]:
     """Run ``path`` in a fresh kernel in its folder; return each failed cell's error line."""
     nb = nbformat.read(path, as_version=4)
+    replied: dict[int, str] = {}
     manager = CurrentInterpreterKernel(kernel_name="python3")
     client = NotebookClient(
         nb, km=manager, timeout=cell_timeout, allow_errors=True,
         interrupt_on_timeout=True,
-        error_on_timeout={"ename": "TimeoutError",
-                          "evalue": f"the cell ran past {cell_timeout:g} s and was interrupted",
+        error_on_timeout={"ename": "TimeoutError", "evalue": _ran_past(cell_timeout),
                           "traceback": []},
         resources={"metadata": {"path": str(path.parent)}},
-        extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+        on_cell_error=lambda cell, cell_index, execute_reply: replied.setdefault(
+            cell_index, _said(execute_reply.get("content", {}), cell_timeout)))
     died = ""
     try:
         client.execute(env=kernel_env(), cleanup_kc=True)
@@ -47,20 +52,27 @@ def run_notebook(path: Path, cell_timeout: float) -> dict[int, str]:
     finally:
         manager.cleanup_connection_file()
     errors = {i: said for i, cell in enumerate(nb.cells)
-              if (said := _error_line(cell, cell_timeout))}
+              if (said := replied.get(i) or _error_line(cell, cell_timeout))}
     if died:
         errors[-1] = died
     return errors
 
 
 def _error_line(cell, cell_timeout: float) -> str:
-    for output in cell.get("outputs", []):
-        if output.get("output_type") != "error":
-            continue
-        if output.get("ename") == "KeyboardInterrupt":  # only a timeout interrupts the kernel
-            return f"TimeoutError: it ran past the {cell_timeout:g} s a cell may run"
-        return f"{output.get('ename', '')}: {str(output.get('evalue', ''))[:300]}"
-    return ""
+    """The first error output of ``cell`` in a line ("" when it has none)."""
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    return _said(errors[0], cell_timeout) if errors else ""
+
+
+def _said(error: dict, cell_timeout: float) -> str:
+    """An error output or an error reply's content in a line."""
+    if error.get("ename") == "KeyboardInterrupt":  # only a timeout interrupts the kernel
+        return f"TimeoutError: {_ran_past(cell_timeout)}"
+    return f"{error.get('ename', '')}: {str(error.get('evalue', ''))[:300]}"
+
+
+def _ran_past(cell_timeout: float) -> str:
+    return f"it ran past the {cell_timeout:g} s a cell may run"
 
 
 def left_running() -> int:

@@ -85,7 +85,7 @@ def _exercise_grade(name, nb, attempted, payloads, outcomes, said) -> r.Exercise
     if name not in payloads:
         why = said.get(name, "")
         return r.ExerciseGrade(name, r.MISSING, f"no function {function} in the notebook"
-                                                f"{f' (its cell raised {why})' if why else ''}")
+                                                f"{f' ({why})' if why else ''}")
     outcome = outcomes.get(name)
     if outcome is None:
         return r.ExerciseGrade(name, r.NOT_CHECKED, "the checking process stopped before "
@@ -167,10 +167,24 @@ def _cell_errors(stdout: str, submission: Submission) -> dict[str, str]:
 
 
 def _by_exercise(nb, errors: dict[int, str]) -> dict[str, str]:
-    """Kernel cell errors by the exercise whose cell raised them."""
-    cells = kernel_notebook(nb).cells
-    return {cells[i].metadata["exercise"]: said for i, said in errors.items()
-            if 0 <= i < len(cells) and "exercise" in cells[i].metadata}
+    """Why each exercise's function may be missing, from the kernel's cell errors: what its
+    own cell raised, else what the cell that saves it raised (a kernel its cell wedged),
+    else the first error of a cell before it (an import that timed out), else the kernel's
+    end (harvest.py files that under -1)."""
+    found, before, cells = {}, "", kernel_notebook(nb).cells
+    for index, cell in enumerate(cells):
+        exercise = cell.metadata.get("exercise")
+        if exercise is None:
+            before = before or _quoted("a cell before it", errors.get(index))
+            continue
+        found[exercise] = (_quoted("its cell", errors.get(index))
+                           or _quoted("the cell that saves it", errors.get(index + 1))
+                           or before or errors.get(-1, ""))
+    return {exercise: why for exercise, why in found.items() if why}
+
+
+def _quoted(which: str, error: str | None) -> str:
+    return f"{which} raised {error}" if error else ""
 
 
 def _check(payloads: dict[str, bytes], functions: dict[str, str], work: Path,

@@ -49,6 +49,25 @@ def test_the_kernel_notebook_keeps_exercise_cells_whole_and_dumps_after_each(tmp
     assert not any("ex.check" in c.source or "measure_ping_pong" in c.source for c in cells)
 
 
+def test_a_missing_function_is_explained_by_the_cell_that_failed_first():
+    """Its own cell's error, else the cell that saves it (a kernel its cell wedged), else the
+    first error before it (an import that timed out), else the kernel's end."""
+    from ddp_lab.grading.one_submission import _by_exercise
+    (notebook,) = read_submission(NB02, "s").notebooks
+    cells = kernel_notebook(notebook).cells
+    at = {c.metadata["exercise"]: i for i, c in enumerate(cells) if "exercise" in c.metadata}
+    first, second = at["02.all_gather"], at["02.shift"]
+    assert _by_exercise(notebook, {first: "NameError: x", second + 1: "TimeoutError: t"}) == {
+        "02.all_gather": "its cell raised NameError: x",
+        "02.shift": "the cell that saves it raised TimeoutError: t"}
+    assert _by_exercise(notebook, {0: "TimeoutError: t", first: "ValueError: v"}) == {
+        "02.all_gather": "its cell raised ValueError: v",
+        "02.shift": "a cell before it raised TimeoutError: t"}
+    assert _by_exercise(notebook, {-1: "the kernel stopped: DeadKernelError"}) == {
+        e: "the kernel stopped: DeadKernelError" for e in at}
+    assert _by_exercise(notebook, {}) == {}
+
+
 def test_a_notebook_is_known_by_its_exercises_else_by_its_number(tmp_path):
     nb = nbformat.read(NB02, as_version=4)
     nbformat.write(nb, tmp_path / "homework (1).ipynb")
