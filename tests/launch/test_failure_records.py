@@ -46,7 +46,7 @@ def test_a_message_with_lone_surrogates_survives_the_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("plain, says", [
-    ({"type": "ValueError", "message": "bad"}, "traceback missing"),
+    ({"type": "ValueError", "message": "bad", "traceback": None}, "traceback missing"),
     ({"message": "bad", "traceback": "", "time": 1.0}, "type missing"),
     ({"type": "E", "message": 3, "traceback": "", "time": 1.0}, "message missing"),
     ({"type": "E", "message": "m", "traceback": "", "time": "soon"}, "time missing"),
@@ -57,6 +57,11 @@ def test_a_malformed_record_is_read_as_an_unreadable_one(plain, says):
     assert failure.type_name == UNREADABLE and failure.time is None
     assert says in failure.message and "could not be read" in failure.message
     assert failure.traceback.endswith(failure.message)
+
+
+def test_a_record_without_traceback_or_time_is_read_with_neither():
+    assert RankFailure.from_plain({"type": "ValueError", "message": "bad"}) == \
+        RankFailure("ValueError", "bad", "", None)
 
 
 def test_a_truncated_file_is_an_unreadable_record(tmp_path):
@@ -131,3 +136,26 @@ def test_agent_failure_of_takes_torchs_fields():
     failure = AgentFailure.of(SimpleNamespace(exitcode=2, local_rank=0, pid=9, message="m",
                                               error_file="f"))
     assert failure == AgentFailure(2, 0, 9, "m", "f")
+
+
+def test_a_record_held_in_memory_is_judged_without_a_run_folder():
+    """A live call's record (live/outcome.py): no folder, the failures and the ranks that
+    returned held in memory, judged as a one-shot run's."""
+    from ddp_lab.launch.config import LaunchConfig
+    from ddp_lab.launch.verdict.outcome import conclude
+    from ddp_lab.launch.verdict.record import RankRecord, RunRecord
+    config = LaunchConfig(world_size=3, backend="gloo", timeout=5.0, env={})
+    bad = RankFailure("ValueError", "bad batch", "Traceback ...\nValueError: bad batch", 1.5)
+    ranks = (RankRecord(0, 0, 2.0, False, ""), RankRecord(1, 1, 1.5, False, ""),
+             RankRecord(2, 0, 1.0, False, ""))
+    with pytest.raises(ddp_lab.WorkerError) as caught:
+        conclude(RunRecord(config, ranks, None, 0.5, failures={1: bad},
+                           returned=frozenset({0, 2})))
+    err = caught.value
+    assert err.rank == 1 and "ValueError: bad batch" in err.traceback
+    assert err.values == [None, None, None] and "ValueError: bad batch" in err.logs[1]
+    closed = RankFailure("RuntimeError", "Connection closed by peer", "tb", 1.5)
+    with pytest.raises(ddp_lab.WorkerError) as caught:  # rank 2 left (os._exit(0)) early
+        conclude(RunRecord(config, ranks, None, 0.5, failures={1: closed},
+                           returned=frozenset({0})))
+    assert caught.value.rank == 2 and "left the run early" in str(caught.value)

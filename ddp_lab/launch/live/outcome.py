@@ -1,8 +1,8 @@
 """What a live call amounts to: the values of the ranks it went to, or the error a one-shot
 run would raise for the same failure, with what became of the ranks said on it.
 
-A failed call is written as a one-shot run's record (a folder per call with each rank's
-result or error record) and judged by ``outcome.conclude``: one home for root causes,
+A failed call is recorded as a one-shot run is (a ``RunRecord``, holding each rank's
+failure record in memory) and judged by ``outcome.conclude``: one home for root causes,
 knock-on failures and hang reports.
 """
 
@@ -11,12 +11,10 @@ from __future__ import annotations
 import pickle
 import time
 from dataclasses import replace
-from pathlib import Path
 
-from ddp_lab.launch.config import RunFiles, write_pickle
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, describe_exit,
                                    describe_ranks, safe_message)
-from ddp_lab.launch.rank.failure import RankFailure, read_failure, write_failure
+from ddp_lab.launch.rank.failure import RankFailure, read_failure
 from ddp_lab.launch.verdict.outcome import RunResult, conclude
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord
 
@@ -59,14 +57,15 @@ def _values(call, logs: list[str]) -> list:
 
 
 def _failure(session, call, logs: list[str], seconds: float) -> DistributedRunError:
-    files = RunFiles(Path(session.run_dir, f"call{call.seq}"))
-    files.dir.mkdir()
-    ranks = tuple(_rank_record(session, call, state, files, logs[state.rank])
-                  for state in session.ranks)
+    judged = [_rank_record(session, call, state, logs[state.rank]) for state in session.ranks]
     raised = any(reply.status == "error" for reply in call.replies.values())
     timed_out = bool(call.stuck) and not raised and not call.died
-    record = RunRecord(replace(session.config, timeout=call.timeout), ranks, files, seconds,
-                       timed_out, dict(call.stacks), took_part=tuple(call.targets))
+    record = RunRecord(replace(session.config, timeout=call.timeout),
+                       tuple(rank for rank, _ in judged), None, seconds, timed_out,
+                       dict(call.stacks), took_part=tuple(call.targets),
+                       failures={rank.rank: failure for rank, failure in judged if failure},
+                       returned=frozenset(state.rank for state in session.ranks
+                                          if _alive(call, state) and _replied_ok(call, state)))
     try:
         conclude(record)
     except DistributedRunError as exc:
@@ -74,22 +73,30 @@ def _failure(session, call, logs: list[str], seconds: float) -> DistributedRunEr
     return DistributedRunError("the call failed, but no rank says why")  # never reached
 
 
-def _rank_record(session, call, state, files: RunFiles, log: str) -> RankRecord:
+def _rank_record(session, call, state, log: str) -> tuple[RankRecord, RankFailure | None]:
+    """How the rank ended this call, and its failure record if it has one: in memory, for
+    ``conclude`` (a live call's records never touch the disk)."""
     rank, reply = state.rank, call.replies.get(state.rank)
-    if rank in call.died or state.exitcode is not None:
-        earlier = read_failure(session.files.error(rank))  # e.g. its group's set-up failed
-        if earlier:
-            write_failure(files.error(rank), earlier)
-        return RankRecord(rank, state.exitcode, state.exit_time, state.stopped_by_launcher, log)
+    if not _alive(call, state):  # its failure, if any, is in its file: e.g. the group's set-up
+        return (RankRecord(rank, state.exitcode, state.exit_time, state.stopped_by_launcher, log),
+                read_failure(session.files.error(rank)))
     if reply is None and rank in call.targets:  # stuck, not interruptible: to be killed
-        return RankRecord(rank, KILLED, time.monotonic(), True, log)
-    if reply is None or reply.status == "ok":
-        write_pickle(files.result(rank), None)
-        return RankRecord(rank, 0, time.monotonic(), False, log)
+        return RankRecord(rank, KILLED, time.monotonic(), True, log), None
+    if _replied_ok(call, state):
+        return RankRecord(rank, 0, time.monotonic(), False, log), None
     failure = RankFailure.from_plain(reply.body)
-    write_failure(files.error(rank), failure)
     interrupted = reply.status == "interrupted"  # by the launcher, after a peer's failure
-    return RankRecord(rank, 1, failure.time or time.monotonic(), interrupted, log)
+    return RankRecord(rank, 1, failure.time or time.monotonic(), interrupted, log), failure
+
+
+def _alive(call, state) -> bool:
+    return state.rank not in call.died and state.exitcode is None
+
+
+def _replied_ok(call, state) -> bool:
+    """It answered the call, or had nothing to answer (not one of its targets)."""
+    reply = call.replies.get(state.rank)
+    return reply.status == "ok" if reply is not None else state.rank not in call.targets
 
 
 def _with_session_state(exc: DistributedRunError, call) -> DistributedRunError:

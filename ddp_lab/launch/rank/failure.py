@@ -51,10 +51,13 @@ class RankFailure:
 
     @classmethod
     def from_plain(cls, data) -> RankFailure:
-        """The record ``to_plain`` gave, or an unreadable one saying what was wrong with it."""
+        """The record ``to_plain`` gave, or an unreadable one saying what was wrong with it.
+        The type and message are what every verdict needs; the traceback and the time may
+        be missing (``""``, None)."""
         if not isinstance(data, dict):
             return unreadable(f"a {type(data).__name__} instead of a record")
-        text = {key: data.get(key) for key in ("type", "message", "traceback")}
+        text = {key: data.get(key, default) for key, default in
+                (("type", None), ("message", None), ("traceback", ""))}
         wrong = [key for key, value in text.items() if not isinstance(value, str)]
         when = data.get("time")
         if when is not None and (isinstance(when, bool) or not isinstance(when, (int, float))):

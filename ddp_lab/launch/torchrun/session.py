@@ -43,7 +43,7 @@ from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.output.reader import Output, OutputReader
 from ddp_lab.launch.output.run_loop import RunLoop
-from ddp_lab.launch.rank.failure import write_failure
+from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.rank.limits import apply_limits
 from ddp_lab.launch.torchrun.agent import FAILURES_FILE
 from ddp_lab.launch.torchrun.failures import read_agent_failures
@@ -93,6 +93,7 @@ class TorchrunSession:
         self.echo = make_echo(config.echo)
         self.timed_out = False
         self.stacks: dict[int, str] = {}
+        self.failures: dict[int, RankFailure] = {}  # read from the ranks' logs by _settle
         self.seconds = 0.0
         self.agent: subprocess.Popen | None = None
         self.run_dir = self.files = self.log_dir = None  # set by __enter__
@@ -199,7 +200,8 @@ class TorchrunSession:
     # -- what happened ------------------------------------------------------------------
     def _settle(self) -> None:
         """Give every rank the exit code torchrun reported (0 when it reported none) and,
-        for a failed rank, the error record the default launcher's ranks write."""
+        for a failed rank, the failure record the default launcher's ranks write (read
+        from its log, held for ``record``)."""
         failures = self._failures()
         if self.agent.returncode != 0 and not failures and not self.timed_out:
             raise DistributedRunError(
@@ -212,14 +214,15 @@ class TorchrunSession:
             state.stopped_by_launcher = state.exitcode in STOPPED_BY_AGENT
             record = last_failure("\n".join(state.lines), state.exit_time) if failure else None
             if record:
-                write_failure(self.files.error(state.rank), record)
+                self.failures[state.rank] = record
 
     def _failures(self) -> dict:
         return read_agent_failures(Path(self.run_dir, FAILURES_FILE))
 
     def record(self) -> RunRecord:
         return RunRecord(self.config, tuple(s.record() for s in self.ranks), self.files,
-                         self.seconds, self.timed_out, dict(self.stacks))
+                         self.seconds, self.timed_out, dict(self.stacks),
+                         failures=dict(self.failures))
 
     # -- cleanup ------------------------------------------------------------------------
     def __exit__(self, *exc) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 
-from ddp_lab.launch.config import read_pickle
 from ddp_lab.launch.errors import describe_exit
 from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord
@@ -57,7 +56,7 @@ def finished(run: RunRecord, state: RankRecord, record: RankFailure | None) -> b
     had returned."""
     if state.exitcode in (0, None) or record is not None or state.stopped_by_launcher:
         return False
-    return run.files.finished(state.rank).exists() or (
+    return run.marked_finished(state.rank) or (
         run.config.script is not None and no_python_running(state.log))
 
 
@@ -66,7 +65,7 @@ def values_so_far(run: RunRecord) -> list:
     values = []
     for state in run.ranks:
         try:
-            values.append(read_pickle(run.files.result(state.rank)))
+            values.append(run.value(state.rank))
         except Exception:  # noqa: BLE001 - unpickling runs arbitrary code
             values.append(None)
     return values
@@ -75,7 +74,7 @@ def values_so_far(run: RunRecord) -> list:
 def advice(run: RunRecord, state: RankRecord) -> str:
     """What it did before it died, what is kept, the known cause and the fix."""
     last = last_line(state.log)
-    arrived = run.files.result(state.rank).exists()
+    arrived = run.sent_value(state.rank)
     lines = [f"Its last output line: {last!r}." if last else "It printed nothing.",
              "Its value arrived: err.values[%d]; every value that arrived is in err.values."
              % state.rank if arrived else

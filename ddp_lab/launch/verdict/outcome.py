@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ddp_lab.launch.config import read_pickle
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
                                    WorkerTimeout, describe_exit, describe_ranks, safe_message,
                                    short_message)
@@ -72,7 +71,7 @@ def _read_values(run: RunRecord, logs: list[str]) -> list:
     values, reasons = [], {}
     for state in run.ranks:
         try:
-            values.append(read_pickle(run.files.result(state.rank)))
+            values.append(run.value(state.rank))
         except Exception as exc:  # noqa: BLE001 - unpickling runs arbitrary code
             values.append(None)
             reasons[state.rank] = f"{type(exc).__name__}: {short_message(safe_message(exc), 300)}"
@@ -163,7 +162,7 @@ def _early_leaver(run: RunRecord) -> RankRecord | None:
 
 
 def _left_fn_early(run: RunRecord, state: RankRecord) -> bool:
-    return run.config.script is None and not run.files.result(state.rank).exists()
+    return run.config.script is None and not run.sent_value(state.rank)
 
 
 def _early_exit_hint(run: RunRecord, leaver: RankRecord, knock_on: RankFailure) -> str:

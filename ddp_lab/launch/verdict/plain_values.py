@@ -48,8 +48,8 @@ class NotPlainData(pickle.UnpicklingError):
 
 @contextlib.contextmanager
 def plain_values():
-    """Within this block, in this thread, ranks' values and failure records are read as plain
-    data only (:class:`PlainUnpickler`)."""
+    """Within this block, in this thread, ranks' values are read as plain data only
+    (:class:`PlainUnpickler`); their failure records always are (JSON: rank/failure.py)."""
     before = getattr(_active, "on", False)
     _active.on = True
     try:
