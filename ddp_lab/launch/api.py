@@ -32,14 +32,12 @@ def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
     __tracebackhide__ = True  # IPython shows the error, not the launcher's frames
     called = time.monotonic()  # res.seconds: the call's wall time
     checks.check_callable(fn)
-    config = LaunchConfig(world_size=checks.check_world_size(world_size),
-                          backend=checks.check_backend(backend),
-                          timeout=checks.check_timeout(timeout), env=checks.check_env(env),
-                          echo=bool(echo))
+    config = checks.checked_config(world_size, backend, timeout, env, echo=echo,
+                                   network=network)
     args, kwargs = checks.check_call_args(args, kwargs)
     payload = pickle_payload(fn, args, kwargs)
     checks.check_signature(fn, args, kwargs, RUN_CALL_ADVICE)
-    return launch(with_network(config, network), payload, called)
+    return launch(config, payload, called)
 
 
 RUN_CALL_ADVICE = (
@@ -66,27 +64,12 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
     if network is not None and launcher == "torchrun":
         raise ValueError("network= works with launcher='ddp_lab' only: torchrun's agent "
                          "starts its workers itself, outside the shaped network")
-    path, script_args = checks.check_script(script, script_args)
-    config = LaunchConfig(world_size=checks.check_world_size(world_size),
-                          backend=checks.check_backend(backend),
-                          timeout=checks.check_timeout(timeout), env=checks.check_env(env),
-                          echo=bool(echo), script=path, script_args=script_args)
+    config = checks.checked_config(world_size, backend, timeout, env, echo=echo,
+                                   network=network, script=(script, script_args))
     if launcher == "torchrun":
         from ddp_lab.launch.torchrun.session import run_with_torchrun
         return warn_if_skipped(run_with_torchrun(_checked_backend(config)), stacklevel=3)
-    return launch(with_network(config, network), None, called)
-
-
-def with_network(config: LaunchConfig, network) -> LaunchConfig:
-    """The checked network (None: loopback); errors here come before any process starts."""
-    if network is None:
-        return config
-    from ddp_lab.launch.network.setting import check_network
-    if backends.uses_nccl(config.backend):
-        raise ValueError("network= shapes gloo's TCP traffic between CPU ranks; NCCL on GPUs "
-                         "does not go through it. Use backend='gloo' (or 'auto', which is "
-                         "gloo with network=).")
-    return replace(config, network=check_network(network, config.world_size))
+    return launch(config, None, called)
 
 
 def pickle_payload(fn, args: tuple, kwargs: dict, sources: dict | None = None) -> bytes:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from ddp_lab.launch import backends
+from ddp_lab.launch.config import LaunchConfig
 
 LAUNCHERS = ("ddp_lab", "torchrun")
 # A week: a run that may hang longer is better split into checkpointed parts; and the
@@ -22,6 +24,32 @@ MAX_ENV_STRING = 32 * 4096
 # forkserver/protocol.py) next to this process's own environment; execve allows a quarter of
 # the stack limit (usually 2 MiB) for arguments and environment together.
 MAX_ENV_TOTAL = 512 * 1024
+
+
+def checked_config(world_size, backend="auto", timeout=60.0, env=None, *, echo=True,
+                   network=None, script=None, init_group=True) -> LaunchConfig:
+    """The run's settings from the caller's own arguments (run, run_script, spawn, Ranks),
+    each checked here and in this order, so that every entry point refuses the same bad input
+    with the same words, before any process starts. ``script``: run_script's (path,
+    script_args) as given (None: a function runs); ``init_group=False``: fn joins the group
+    itself (spawn)."""
+    path, script_args = (None, ()) if script is None else check_script(*script)
+    config = LaunchConfig(world_size=check_world_size(world_size), backend=check_backend(backend),
+                          timeout=check_timeout(timeout), env=check_env(env), echo=bool(echo),
+                          script=path, script_args=script_args, init_group=init_group)
+    return _with_network(config, network)
+
+
+def _with_network(config: LaunchConfig, network) -> LaunchConfig:
+    """The checked network (None: loopback); it needs the checked world size and backend."""
+    if network is None:
+        return config
+    from ddp_lab.launch.network.setting import check_network
+    if backends.uses_nccl(config.backend):
+        raise ValueError("network= shapes gloo's TCP traffic between CPU ranks; NCCL on GPUs "
+                         "does not go through it. Use backend='gloo' (or 'auto', which is "
+                         "gloo with network=).")
+    return replace(config, network=check_network(network, config.world_size))
 
 
 def check_world_size(world_size) -> int:

@@ -32,7 +32,6 @@ import threading
 
 from ddp_lab.launch import checks
 from ddp_lab.launch.api import launch, pickle_payload
-from ddp_lab.launch.config import LaunchConfig
 from ddp_lab.launch.rank.pinned_rendezvous import call_on_rank
 
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -60,9 +59,8 @@ def spawn(fn, args=(), nprocs: int = 1, join: bool = True, daemon: bool = False,
     __tracebackhide__ = True
     checks.check_callable(fn)
     _check_mp_options(join, daemon, start_method)
-    config = LaunchConfig(world_size=checks.check_world_size(nprocs), backend="auto",
-                          timeout=checks.check_timeout(timeout), env=checks.check_env(env),
-                          echo=bool(echo), init_group=False)
+    config = checks.checked_config(nprocs, timeout=timeout, env=env, echo=echo,
+                                   init_group=False)
     args, _ = checks.check_call_args(args, None)
     payload = pickle_payload(functools.partial(call_on_rank, fn), args, {})
     checks.check_signature(fn, (0, *args), {}, SPAWN_CALL_ADVICE,

@@ -119,3 +119,64 @@ def test_limits_can_be_skipped_by_those_who_know(monkeypatch):
 
 def test_a_week_is_the_longest_timeout():
     assert checks.check_timeout(7 * 24 * 3600) == 604800.0
+
+
+# -- checked_config: the one place a run's settings are built from the caller's arguments --
+
+def test_checked_config_holds_the_checked_values():
+    from ddp_lab.launch.config import LaunchConfig
+    env = {"A": "1"}
+    config = checks.checked_config(3, "gloo", 5, env, echo=0)
+    assert config == LaunchConfig(world_size=3, backend="gloo", timeout=5.0, env={"A": "1"},
+                                  echo=False)
+    assert type(config.timeout) is float and config.env is not env  # the caller's dict stays theirs
+    assert checks.checked_config(2) == LaunchConfig(world_size=2, backend="auto",
+                                                    timeout=60.0, env={})
+    assert checks.checked_config(2, init_group=False).init_group is False
+
+
+def test_checked_config_checks_a_script_and_its_arguments(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    config = checks.checked_config(2, script=(str(script), ["--epochs", "1"]))
+    assert (config.script, config.script_args) == (str(script.resolve()), ("--epochs", "1"))
+    with pytest.raises(TypeError, match="script must be a path"):
+        checks.checked_config(2, script=(None, ()))  # run_script(None) is no function run
+    with pytest.raises(ValueError, match="not found"):  # the script first, as run_script did
+        checks.checked_config(0, script=(tmp_path / "nope.py", ()))
+
+
+def test_checked_config_checks_the_network_against_the_checked_world():
+    from ddp_lab.launch.network.setting import Network
+    assert checks.checked_config(2, network="200mbit").network == Network(bandwidth="200mbit")
+    assert checks.checked_config(2).network is None
+    with pytest.raises(ValueError, match="NCCL on GPUs does not go through it"):
+        checks.checked_config(2, backend="nccl", network="1gbit")
+    with pytest.raises(ValueError, match="at least 1"):  # the world size before the network
+        checks.checked_config(0, network="fast")
+    with pytest.raises(ValueError, match="rank_bandwidth names ranks \\[3\\]"):
+        checks.checked_config(2, network=Network(rank_bandwidth={3: "1gbit"}))
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    ({"world_size": 0}, ValueError, "at least 1"),
+    ({"timeout": float("nan")}, ValueError, "finite"),
+    ({"env": {"A": 1}}, TypeError, "str to str"),
+])
+def test_every_entry_point_refuses_bad_settings_in_the_same_words(tmp_path, bad, error, words):
+    """run, run_script, spawn and Ranks all build their settings with checked_config."""
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    world_size, rest = bad.get("world_size", 2), {k: v for k, v in bad.items()
+                                                  if k != "world_size"}
+    before = _children()
+    with pytest.raises(error, match=words) as built:
+        checks.checked_config(world_size, **rest)
+    for call in (lambda: ddp_lab.run(workers.rank_and_env, world_size, **rest),
+                 lambda: ddp_lab.run_script(script, world_size, **rest),
+                 lambda: ddp_lab.spawn(workers.raise_on, nprocs=world_size, **rest),
+                 lambda: ddp_lab.Ranks(world_size, **rest)):
+        with pytest.raises(error) as caught:
+            call()
+        assert str(caught.value) == str(built.value)
+    assert _children() <= before

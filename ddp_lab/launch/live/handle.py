@@ -20,8 +20,7 @@ import itertools
 import weakref
 
 from ddp_lab.launch import checks
-from ddp_lab.launch.api import interactive_sources, pickle_payload, prepare, with_network
-from ddp_lab.launch.config import LaunchConfig
+from ddp_lab.launch.api import interactive_sources, pickle_payload, prepare
 from ddp_lab.launch.live.outcome import verdict
 from ddp_lab.launch.live.session import LiveSession
 from ddp_lab.launch.payload import remember_source
@@ -36,11 +35,8 @@ class Ranks:
     def __init__(self, world_size: int = 4, backend: str = "auto", network=None,
                  timeout: float = 60.0, env=None, *, echo: bool = True):
         __tracebackhide__ = True
-        config = LaunchConfig(world_size=checks.check_world_size(world_size),
-                              backend=checks.check_backend(backend),
-                              timeout=checks.check_timeout(timeout), env=checks.check_env(env),
-                              echo=bool(echo))
-        self._config = prepare(with_network(config, network))
+        self._config = prepare(checks.checked_config(world_size, backend, timeout, env,
+                                                     echo=echo, network=network))
         self._session: LiveSession | None = None
         self._start()
 
