@@ -29,7 +29,7 @@ def test_a_rank_failure_goes_to_disk_as_json_and_comes_back_equal(tmp_path):
     assert (failure.type_name, failure.message, failure.time) == \
         ("ValueError", "bad batch on rank 2", 12.5)
     assert failure.traceback.startswith("Traceback (most recent call last):")
-    assert failure.headline == failure.one_line() == "ValueError: bad batch on rank 2"
+    assert failure.headline == failure.one_line == "ValueError: bad batch on rank 2"
     write_failure(tmp_path / "rank2.error", failure)
     on_disk = json.loads((tmp_path / "rank2.error").read_text())
     assert on_disk == {"type": "ValueError", "message": "bad batch on rank 2",

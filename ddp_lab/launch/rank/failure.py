@@ -41,6 +41,7 @@ class RankFailure:
         """``"ValueError: bad batch"``, the whole message."""
         return f"{self.type_name}: {self.message}"
 
+    @property
     def one_line(self) -> str:
         """``"ValueError: bad batch"``, the message's first line, cut short."""
         return f"{self.type_name}: {short_message(self.message)}"

@@ -220,5 +220,5 @@ def _knock_on_reason(state: RankRecord, record, root_rank: int) -> str:
     if state.stopped_by_launcher:
         return f"stopped by the launcher after rank {root_rank} brought the run down"
     if record:
-        return record.one_line()
+        return record.one_line
     return describe_exit(state.exitcode)

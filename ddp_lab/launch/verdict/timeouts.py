@@ -85,7 +85,7 @@ def never_joined(run: RunRecord, failed: list[RankRecord], records: dict,
     victims = [s for s in failed if s.rank in waited]
     cause = by_rank[absent[0]]
     whereabouts, evidence, later = _where(run, cause, records.get(cause.rank), gave_up)
-    return Absence(cause, absent, {v.rank: records[v.rank].one_line() if records.get(v.rank)
+    return Absence(cause, absent, {v.rank: records[v.rank].one_line if records.get(v.rank)
                                    else "its process ended" for v in victims},
                    place[0], whereabouts, evidence, later)
 
@@ -146,7 +146,7 @@ def _where(run: RunRecord, rank: RankRecord, record: RankFailure | None,
         return (f"it reached {collective_name(record.traceback)} only after they had "
                 "given up", record.traceback, _later(rank, record))
     if rank.exitcode not in (0, None) and ended < gave_up:
-        why = f": {record.one_line()}" if record else ""
+        why = f": {record.one_line}" if record else ""
         return (f"it had died ({describe_exit(rank.exitcode)}{why}) before they gave up",
                 record.traceback if record else "", "")
     if record:
@@ -178,7 +178,7 @@ def _in_stack(stack: str) -> str:
 
 def _later(rank: RankRecord, record: RankFailure | None) -> str:
     if record is not None:
-        line = record.one_line()
+        line = record.one_line
         return f"Rank {rank.rank} failed only after they had gone: {line}" + \
             ("" if line.endswith(".") else ".")
     if rank.stopped_by_launcher:
