@@ -99,10 +99,10 @@ def _create(hosts: tuple[Host, Host]) -> None:
         _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.interface)
         _ip("-n", host.netns, "link", "set", host.interface, "up")
         _ip("-n", host.netns, "link", "set", "lo", "up")
-        _write_hosts_file(host, hosts)
+        write_hosts_file(host, hosts)
 
 
-def _write_hosts_file(host: Host, hosts: tuple[Host, ...]) -> None:
+def write_hosts_file(host: Host, hosts: tuple[Host, ...]) -> None:
     """Inside the namespace, /etc/hosts is the machine's plus a line per node: the
     names resolve everywhere (as DNS would make them), while the shared hostname keeps
     resolving to loopback, as on many real machines (Debian maps it to 127.0.1.1)."""
@@ -116,12 +116,20 @@ def _write_hosts_file(host: Host, hosts: tuple[Host, ...]) -> None:
 def destroy(hosts: Sequence[Host]) -> None:
     """Kill what runs inside, delete the namespaces (which deletes the veth pair) and
     their /etc/netns folders. Every step runs even if an earlier one failed."""
-    for host in hosts:
-        _attempt(kill_processes_in, host.netns)
-    for host in hosts:
-        _delete(host.netns)
-        # a veth that never reached its namespace is still on the machine
-        _attempt(_ip, "link", "delete", host.interface, check=False)
+    # a veth that never reached its namespace is still on the machine
+    remove([host.netns for host in hosts], [host.interface for host in hosts])
+
+
+def remove(namespaces: Sequence[str], interfaces: Sequence[str] = ()) -> None:
+    """Kill what runs in ``namespaces``, delete them (a veth or bridge inside goes with
+    its namespace) and their /etc/netns folders, then any of ``interfaces`` still in the
+    machine's namespace. Every step runs even if an earlier one failed."""
+    for name in namespaces:
+        _attempt(kill_processes_in, name)
+    for name in namespaces:
+        _delete(name)
+    for interface in interfaces:
+        _attempt(_ip, "link", "delete", interface, check=False)
     _attempt(NETNS_ETC.rmdir)  # only if empty: another cluster may be using it
 
 
