@@ -14,8 +14,7 @@ import pytest
 import ddp_lab
 from ddp_lab.course.ch08_when_it_breaks import stragglers
 from ddp_lab.launch.rank.failure import RankFailure
-from ddp_lab.launch.verdict.outcome import KNOCK_ON_SIGNS
-from ddp_lab.launch.verdict.timeouts import is_timeout
+from ddp_lab.launch.verdict.signs import KNOCK_ON_SIGNS, is_timeout
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,7 +7,7 @@ import pytest
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, WorkerError,
                                    describe_ranks, short_message)
 from ddp_lab.launch.rank.failure import RankFailure
-from ddp_lab.launch.verdict.outcome import looks_like_knock_on
+from ddp_lab.launch.verdict.signs import looks_like_knock_on
 from ddp_lab.launch.verdict.stacks import format_dump, waiting_in
 
 DUMP = '''Thread 0x00007f0000000001 (most recent call first):

@@ -16,11 +16,8 @@ from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, Worker
 from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict import died_after_return, everywhere, timeouts
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord, when_failed
+from ddp_lab.launch.verdict.signs import looks_like_knock_on
 from ddp_lab.launch.verdict.stacks import describe_crash
-
-KNOCK_ON_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
-                  "communicator was aborted", "socket closed", "distnetworkerror",
-                  "connection refused", "read error", "recv error")
 
 
 @dataclass(frozen=True)
@@ -207,13 +204,6 @@ def _root_cause(failed, records):
     own = [s for s in failed if not s.stopped_by_launcher]
     primary = [s for s in own if not looks_like_knock_on(records.get(s.rank))]
     return min(primary or own or failed, key=failed_at)
-
-
-def looks_like_knock_on(record: RankFailure | None) -> bool:
-    if record is None:
-        return False
-    text = record.headline.lower()
-    return any(sign in text for sign in KNOCK_ON_SIGNS)
 
 
 def _knock_on_reason(state: RankRecord, record, root_rank: int) -> str:

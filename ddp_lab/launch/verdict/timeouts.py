@@ -22,18 +22,11 @@ from pathlib import Path
 from ddp_lab.launch.errors import describe_exit, describe_ranks
 from ddp_lab.launch.rank.failure import RankFailure, read_failure
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord, when_failed
+from ddp_lab.launch.verdict.signs import is_timeout, looks_like_knock_on
 from ddp_lab.launch.verdict.stacks import NO_STACK, is_launcher_file, waiting_in
 
-TIMEOUT_SIGNS = ("timed out waiting", "wait timeout after", "collective operation timeout",
-                 "failed to pass monitoredbarrier", "timed out after")
 _FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>\S+)'
                     r'(?:\n\s{4}(?P<source>\S.*))?')
-
-
-def is_timeout(record: RankFailure | None) -> bool:
-    """Whether a rank's error says it gave up waiting for peers."""
-    return record is not None and any(sign in record.message.lower()
-                                      for sign in TIMEOUT_SIGNS)
 
 
 def stacks_at_timeout(files, ranks, collect) -> dict[int, str] | None:
@@ -96,7 +89,6 @@ def _was_there(stacks: dict, rank: int, record: RankFailure | None, place) -> bo
     with a knock-on error (a victim that gave up first closed its connections)."""
     if _in_user_code(stacks.get(rank, NO_STACK)):
         return _place(stacks[rank]) == place
-    from ddp_lab.launch.verdict.outcome import looks_like_knock_on
     return looks_like_knock_on(record) and _place(record.traceback) == place
 
 
@@ -132,7 +124,6 @@ def collective_name(text: str) -> str:
 def _where(run: RunRecord, rank: RankRecord, record: RankFailure | None,
            gave_up: float) -> tuple[str, str, str]:
     """(where the absent rank was when the victims gave up, the evidence, what came later)."""
-    from ddp_lab.launch.verdict.outcome import looks_like_knock_on
     ended = when_failed(rank, record) or gave_up
     stack = run.stacks_at_failure.get(rank.rank, NO_STACK)
     if rank.exitcode == 0 and ended < gave_up:
