@@ -90,9 +90,12 @@ def private_slurm(cpus: int = 2, proctrack: str = "linuxproc"):
         stack.callback(_stop, _start_munged(folder, env))
         ports = _free_ports(2)
         _write_conf(folder, node, cpus, ports, proctrack)
-        daemons = [_start_daemon(folder, name, env) for name in ("slurmctld", "slurmd")]
-        for daemon in daemons:
-            stack.callback(_stop, daemon)
+        daemons = []
+        for name, port in (("slurmctld", ports[0]), ("slurmd", ports[1])):
+            # one after the other: a slurmd that finds no controller registers a second later
+            daemons.append(_start_daemon(folder, name, env))
+            stack.callback(_stop, daemons[-1])
+            _wait_for(lambda: _accepts(port), daemons[-1], folder / "log" / f"{name}.out")
         slurm = LocalSlurm(folder, node, cpus, ports, env)
         stack.callback(_cancel_jobs, slurm)
         _wait_ready(slurm, daemons)
@@ -181,6 +184,13 @@ def _wait_ready(slurm: LocalSlurm, daemons: list[subprocess.Popen]) -> None:
                        + _tail(slurm.folder / "log" / "slurmctld.log"))
 
 
+def _accepts(port: int) -> bool:
+    """Whether a daemon listens yet: a client or a slurmd that finds no controller
+    listening tries again a second later, which was most of the start."""
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _node_state(slurm: LocalSlurm) -> str:
     try:
         done = slurm.run("sinfo", "-h", "-n", slurm.node, "-o", "%T", timeout=5)
@@ -193,7 +203,8 @@ def _wait_for(ready, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + READY_S
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.args[0]} did not start:\n{_tail(log)}")
+            raise RuntimeError(f"{proc.args[0]} did not start (exit code {proc.poll()}):\n"
+                               + _tail(log))
         time.sleep(0.05)
 
 
