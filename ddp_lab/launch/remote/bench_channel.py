@@ -43,7 +43,7 @@ class RoundTrip:
         return self.channel_us / self.raw_us
 
 
-def round_trip(count: int = 2000, size: int = 64, rounds: int = 3) -> RoundTrip:
+def round_trip(count: int = 500, size: int = 64, rounds: int = 10) -> RoundTrip:
     """Time ``count`` round trips on each, in alternating ``rounds``, so that a change in the
     machine's load falls on both."""
     key, payload = SessionKey.new(), bytes(size)

@@ -54,7 +54,8 @@ def listener(host: str, port: int = 0) -> socket.socket:
 
 
 class Channel:
-    """A connected, authenticated socket; made by ``over``, ``connect`` or ``accept``."""
+    """A connected, authenticated socket; made by ``over``, ``connect`` or ``accept``. Any
+    thread may send (sends are serialized); one thread at a time receives."""
 
     def __init__(self, sock: socket.socket, role: str, keys, max_body: int = MAX_BODY):
         self._sock, self.role = sock, role
@@ -63,6 +64,7 @@ class Channel:
         self._decoder = FrameDecoder(keys.receive, max_body)
         self._ready: deque[Message] = deque()
         self._chunk = bytearray(CHUNK)
+        self._chunk_view = memoryview(self._chunk)
         self._send_lock = threading.Lock()
         self._poll_in = select.poll()
         self._poll_in.register(sock, select.POLLIN)
@@ -180,7 +182,7 @@ class Channel:
         """Read without blocking, up to ``budget`` bytes, and decode. The end of the stream
         raises, unless ``stop_at_end`` (messages are in hand: the end waits for the next call,
         the socket stays readable)."""
-        messages, view = [], memoryview(self._chunk)
+        messages = []
         while budget > 0:
             try:
                 n = self._sock.recv_into(self._chunk)
@@ -192,7 +194,7 @@ class Channel:
                 if stop_at_end or messages:
                     break
                 self._fail(self._decoder.end())
-            messages += self._decode(view[:n])
+            messages += self._decode(self._chunk_view[:n])
             budget -= n
             if n < CHUNK:  # the socket had no more (another recv would only say so)
                 break
@@ -237,8 +239,10 @@ def _refusals(refused: list[str], shown: int = 3) -> str:
     return f"; {len(refused)} refused, the last: " + "; ".join(refused[-shown:])
 
 
-def _as_bytes(body) -> memoryview:
+def _as_bytes(body) -> bytes | memoryview:
     """The body as a flat view of its bytes (bytes, bytearray, a contiguous buffer)."""
+    if type(body) is bytes:  # the common case, as it is
+        return body
     try:
         return memoryview(body).cast("B")
     except TypeError:
