@@ -41,6 +41,7 @@ MACHINE_SEAT = 254     # the machine's address on the link: .254; host i's: .(i 
 FOLDERS = Path("/run")  # root's only (0755): sshd's StrictModes accepts keys below it
 FOLDER_PREFIX = "ddp_lab-ssh-"
 START_TIMEOUT_S = 10.0
+MAX_HOSTS = 9  # one digit ends each interface's name (Linux allows 15 characters)
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,15 @@ class SshHosts:
             raise KeyError(f"no host {name!r} here: {[h.name for h in self.hosts]}")
         return found[0]
 
+    @property
+    def options(self) -> list[str]:
+        """What ``ssh`` needs to reach the hosts by name (``ssh *options NAME CMD``), for a
+        launcher that builds its own ssh command lines."""
+        return ["-F", str(self.config)]
+
     def prefix(self, host: Host | str) -> list[str]:
         """``ssh`` to ``host`` as argv: append the remote command as one string."""
-        return ["ssh", "-F", str(self.config), self.host(host).name]
+        return ["ssh", *self.options, self.host(host).name]
 
     def command(self, host: Host | str, argv: Sequence[str]) -> list[str]:
         """``argv`` run on ``host`` through ssh (which hands the remote shell one string:
@@ -104,6 +111,8 @@ def ssh_hosts(count: int = 2) -> Iterator[SshHosts]:
     """Start ``count`` hosts with an sshd each, joined to this machine by a switch;
     always remove everything on the way out (every process on the hosts, the namespaces,
     the cables, the folder), whatever happened in between, Ctrl-C included."""
+    if not isinstance(count, int) or not 1 <= count <= MAX_HOSTS:
+        raise ValueError(f"count={count!r}: ssh_hosts starts 1 to {MAX_HOSTS} hosts")
     reason = ssh_support()
     if reason:
         raise RuntimeError(f"cannot start the ssh hosts: {reason}")

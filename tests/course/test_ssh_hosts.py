@@ -103,7 +103,7 @@ def _peer(listener: subprocess.Popen) -> str:
     return peer
 
 
-def test_missing_sshd_or_root_is_said_before_anything_is_made(monkeypatch):
+def test_missing_sshd_root_or_a_bad_count_is_said_before_anything_is_made(monkeypatch):
     before = netns.list_namespaces(), glob.glob(f"/run/{ssh_hosts.FOLDER_PREFIX}*")
     monkeypatch.setattr(netns, "namespace_support", lambda: None)
     monkeypatch.setattr(ssh_files, "SSHD", Path("/nonexistent/sshd"))
@@ -114,6 +114,10 @@ def test_missing_sshd_or_root_is_said_before_anything_is_made(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(RuntimeError, match="needs root"):
         with start_hosts():
+            pass
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="1 to 9 hosts"):
+        with start_hosts(0):
             pass
     assert (netns.list_namespaces(), glob.glob(f"/run/{ssh_hosts.FOLDER_PREFIX}*")) == before
 
@@ -233,6 +237,28 @@ def test_what_a_dead_process_left_is_removed_next_time():
     removed = ssh_hosts.remove_orphans()
     assert switch in removed and str(folder) in removed
     assert not folder.exists() and switch not in netns.list_namespaces()
+
+
+@needs_ssh
+def test_a_bed_whose_process_was_killed_is_removed_by_the_next_start():
+    owner = subprocess.Popen([sys.executable, "-c", (
+        "import time\nfrom ddp_lab.course.ssh_hosts import ssh_hosts\n"
+        "with ssh_hosts() as bed:\n"
+        "    print(bed.folder, bed.cable, *bed.namespaces, flush=True)\n"
+        "    time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    folder, cable, *names = owner.stdout.readline().split()
+    servers = [pid for name in names
+               for pid in netns._pids_in((netns.NETNS_RUN / name).stat().st_ino)]
+    assert servers  # the sshds, left running when their owner dies
+    owner.kill()
+    owner.wait()
+    owner.stdout.close()
+    removed = ssh_hosts.remove_orphans()
+    assert set(names) | {folder} <= set(removed)
+    assert not wait_gone(servers)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert cable not in links and not Path(folder).exists()
+    assert not set(names) & set(netns.list_namespaces())
 
 
 # What a process started over ssh learns when the controller's side goes away. An agent
