@@ -258,7 +258,7 @@ def marked_processes(folder: str) -> list[psutil.Process]:
     marker, and its step daemons, whose environment reads empty (slurmstepd writes its
     title over it) but which hold slurmd's log open."""
     return [proc for proc in psutil.process_iter()
-            if _alive(proc) and (_has_marker(proc, folder) or _is_step_daemon(proc, folder))]
+            if _alive(proc) and (has_marker(proc, folder) or _is_step_daemon(proc, folder))]
 
 
 def _step_daemons(folder: str) -> list[psutil.Process]:
@@ -266,11 +266,14 @@ def _step_daemons(folder: str) -> list[psutil.Process]:
             if _alive(proc) and _is_step_daemon(proc, folder)]
 
 
-def _has_marker(proc: psutil.Process, folder: str) -> bool:
+def has_marker(proc: psutil.Process, folder: str | None = None) -> bool:
+    """Whether ``proc`` was started by (or for) the private SLURM in ``folder`` (any, if
+    None)."""
     try:
-        return proc.environ().get(MARKER) == folder
+        found = proc.environ().get(MARKER)
     except psutil.Error:
         return False
+    return found is not None and folder in (None, found)
 
 
 def _is_step_daemon(proc: psutil.Process, folder: str) -> bool:

@@ -18,9 +18,9 @@ import time
 import psutil
 import pytest
 
-from conftest import wait_until_gone
 import remote_slurm
-from remote_slurm import MARKER, marked_processes, missing, private_slurm
+from conftest import wait_until_gone
+from remote_slurm import MARKER, has_marker, marked_processes, missing, private_slurm
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
@@ -32,7 +32,7 @@ PRINT_VARIABLES = ("import json, os; print(json.dumps({k: os.environ.get(k) for 
 
 @pytest.fixture
 def slurm():
-    """A private SLURM for one test: it starts in about a second, and the leak check after
+    """A private SLURM for one test: it starts in about 0.2 s, and the leak check after
     every test (tests/conftest.py) would count daemons kept across tests as leftovers."""
     started = time.monotonic()
     with private_slurm() as running:
@@ -86,8 +86,9 @@ def wait_for(path) -> str:
 def test_killing_srun_kills_its_tasks(slurm, tmp_path, inside):
     """SIGKILL on srun (a kernel that dies, a launcher that is killed): slurmstepd loses
     srun's connection, cancels the step and kills its tasks; srun needs no chance to clean up."""
-    task = python(f"import os, time; open({str(tmp_path)!r} + '/' + os.environ['SLURM_PROCID'],"
-                  " 'w').write(str(os.getpid())); time.sleep(300)")
+    task = python("import os, time\n"
+                  + write_pid(tmp_path, "os.environ['SLURM_PROCID']", "os.getpid()")
+                  + "time.sleep(300)")
     if inside == "own job":
         command = ["bash", "-c", f"exec srun -N1 -n2 {task}"]
     else:   # the launcher's case: a step of the user's allocation, beside their own steps
@@ -117,9 +118,9 @@ def test_a_child_in_a_session_of_its_own_dies_with_the_step(tmp_path, proctrack)
     with private_slurm(proctrack=proctrack) as running:
         task = python("import os, subprocess, time\n"
                       "child = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-                      f"open({str(tmp_path)!r} + '/0', 'w').write(str(os.getpid()))\n"
-                      f"open({str(tmp_path)!r} + '/1', 'w').write(str(child.pid))\n"
-                      "time.sleep(300)")
+                      + write_pid(tmp_path, "'0'", "os.getpid()")
+                      + write_pid(tmp_path, "'1'", "child.pid")
+                      + "time.sleep(300)")
         client = running.popen("bash", "-c", f"exec srun -n1 {task}", stderr=subprocess.DEVNULL)
         try:
             pids = task_pids(tmp_path, 2)
@@ -145,14 +146,14 @@ def test_a_controller_that_cannot_start_says_why_and_leaves_nothing(monkeypatch)
                 pass
     assert set(glob.glob("/tmp/slurm-test-*")) == folders
     assert [p for p in psutil.process_iter() if p.name() in ("munged", "slurmctld", "slurmd")
-            and marked_processes_any(p)] == []
+            and has_marker(p) and p.status() != psutil.STATUS_ZOMBIE] == []
 
 
-def marked_processes_any(proc: psutil.Process) -> bool:
-    try:
-        return MARKER in proc.environ() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def write_pid(folder, name: str, pid: str) -> str:
+    """Python lines that write ``pid`` to ``folder/name`` whole (renamed into place)."""
+    path = f"{str(folder)!r} + '/' + {name}"
+    return (f"open({path} + '.part', 'w').write(str({pid}))\n"
+            f"os.rename({path} + '.part', {path})\n")
 
 
 def task_pids(folder, count: int, seconds: float = 30.0) -> list[int]:
@@ -160,7 +161,6 @@ def task_pids(folder, count: int, seconds: float = 30.0) -> list[int]:
     while len(files := [f for f in folder.iterdir() if f.name.isdigit()]) < count:
         assert time.monotonic() < deadline, "srun's tasks did not start"
         time.sleep(0.05)
-    time.sleep(0.1)   # each file is written right after it is made
     return [int(f.read_text()) for f in files]
 
 
