@@ -156,24 +156,16 @@ def test_launch_reading_order_names_every_room():
 # -> A through one still ties the two together (neither is read, tested or moved without the
 # other, and which half-built module the other sees depends on who was imported first). A
 # lazy import with no way back (e.g. one that keeps what a rank imports light) is no cycle.
-# Cycles waiting for their owner's fix (issue 44), each edge with where it is:
-PENDING_CYCLE_EDGES = {
-    # timeouts.py imports outcome.looks_like_knock_on inside two functions, and outcome.py
-    # imports timeouts: the knock-on test wants a home both import (verdict/ is not ours)
-    ("ddp_lab.launch.verdict.timeouts", "ddp_lab.launch.verdict.outcome"),
-}
 
 
-def import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
+def import_graph() -> dict[str, set[str]]:
     """Module -> the package's modules it imports, function-level imports included."""
-    return {name: {i for i in imports_of(path, top_level_only) if i in modules()}
+    return {name: {i for i in imports_of(path) if i in modules()}
             for name, path in modules().items()}
 
 
 def test_no_import_cycle():
-    graph = {name: {i for i in imported if (name, i) not in PENDING_CYCLE_EDGES}
-             for name, imported in import_graph().items()}
-    cycle = find_cycle(graph)
+    cycle = find_cycle(import_graph())
     assert cycle is None, " -> ".join(cycle)
 
 
