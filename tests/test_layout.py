@@ -99,7 +99,8 @@ def test_module_is_small(name):
 
 LAUNCH = PACKAGE / "launch"
 MAX_LAUNCH_TOP = 12  # the entry points and what they share; everything else is in a room
-LAUNCH_ROOMS = {"forkserver", "rank", "output", "verdict", "network", "torchrun", "live"}
+LAUNCH_ROOMS = {"forkserver", "rank", "output", "verdict", "network", "torchrun", "live",
+                "remote"}
 # What runs inside a rank stays light and readable on its own: of the launcher, only what the
 # kernel and the ranks share (config) and the errors.
 RANK_MAY_IMPORT = {"ddp_lab.launch.config", "ddp_lab.launch.errors"}
