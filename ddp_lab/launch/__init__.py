@@ -26,6 +26,8 @@ The entry points are on top; everything else is in rooms that follow a run. Read
    loop of calls, ``live/rank_loop``, stays with live/ and is ``rank/main``'s body there),
    ``torchrun/`` (the same promises on torch's own elastic agent, and the runner of
    torchrun agents).
+10. ``remote/`` (what crosses machines: the channel between the notebook and an agent on
+   each host, every message signed with the session's secret before anything reads it).
 
 Nothing is imported here: ranks import ``ddp_lab.launch.rank.main`` and must stay light.
 """
