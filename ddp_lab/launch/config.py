@@ -111,7 +111,7 @@ class RunFiles:
         return self.dir / f"rank{rank}.result.pkl"
 
     def error(self, rank: int) -> Path:
-        return self.dir / f"rank{rank}.error.pkl"
+        return self.dir / f"rank{rank}.error.json"
 
     def stack(self, rank: int) -> Path:
         return self.dir / f"rank{rank}.stack.txt"

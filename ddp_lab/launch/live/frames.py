@@ -31,8 +31,8 @@ class Call:
 
 @dataclass(frozen=True)
 class Reply:
-    """A rank's answer to call ``seq``: ``ok`` with its value pickled, ``error`` with an
-    error record (the dict the one-shot worker writes), or ``interrupted`` (SIGINT
+    """A rank's answer to call ``seq``: ``ok`` with its value pickled, ``error`` with a
+    failure record as plain data (``RankFailure.to_plain()``, rank/failure.py), or ``interrupted`` (SIGINT
     reached the call's Python code: the rank is idle again, its namespace intact)."""
 
     seq: int

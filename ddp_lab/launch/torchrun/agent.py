@@ -21,7 +21,6 @@ torchrun.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -32,6 +31,7 @@ from pathlib import Path
 from ddp_lab.launch.config import RUN_DIR_VAR
 from ddp_lab.launch.deadlines import LEFTOVER_GRACE_S
 from ddp_lab.launch.forkserver import process_tree
+from ddp_lab.launch.torchrun.failures import AgentFailure, write_agent_failures
 
 FAILURES_FILE = "torchrun_failures.json"
 
@@ -71,12 +71,8 @@ def _watch_lifeline(orphaned: threading.Event) -> None:
 
 
 def _save_failures(err, run_dir: Path) -> None:
-    failures = {str(rank): {"exitcode": f.exitcode, "local_rank": f.local_rank, "pid": f.pid,
-                            "message": f.message, "error_file": f.error_file}
-                for rank, f in err.failures.items()}
-    tmp = run_dir / (FAILURES_FILE + ".tmp")
-    tmp.write_text(json.dumps(failures))
-    os.replace(tmp, run_dir / FAILURES_FILE)
+    write_agent_failures(run_dir / FAILURES_FILE,
+                         {rank: AgentFailure.of(f) for rank, f in err.failures.items()})
 
 
 if __name__ == "__main__":
