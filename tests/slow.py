@@ -71,6 +71,9 @@ SLOW = {
         "test_a_helper_of_a_torchrun_worker_does_not_outlive_the_run": 12,
         "test_semaphores_of_a_failing_spawn_pool_are_unlinked": 6,
     },
+    "tests/launch/test_local_slurm.py": {
+        "test_a_controller_that_cannot_start_says_why_and_leaves_nothing": 6,
+    },
     "tests/launch/test_magic.py": {
         "test_network_gives_each_rank_a_shaped_link": 9,
     },
