@@ -2,7 +2,8 @@
 same run against the same kind of second process, so that what differs is the channel's own
 cost (framing, HMACs, the decoder); and that second process, the echo peer, which the tests
 run too (``python -m ddp_lab.launch.remote.bench_channel --connect HOST:PORT``: the secret
-comes on its stdin, as an agent's will).
+comes on its stdin, as an agent's will). Without arguments it prints the figures:
+``python -m ddp_lab.launch.remote.bench_channel``.
 
     from ddp_lab.launch.remote.bench_channel import round_trip
     round_trip(count=2000, size=64)    # -> RoundTrip(channel_us=..., raw_us=..., ...)
@@ -26,6 +27,7 @@ from ddp_lab.launch.remote.secret import SessionKey, read_secret, write_secret
 
 REFUSED = 3  # the peer's exit status when it refused the other side (or was refused)
 PEER_WAIT_S = 10.0
+PEER_MODULE = "ddp_lab.launch.remote.bench_channel"  # this module, also when run as __main__
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def echo_peer(address: tuple, key: SessionKey | bytes | None, role: str = AGENT,
               raw: int = 0, unpickle: bool = False):
     """The echo peer as a second process that connects to ``address``; its secret goes on
     its stdin. Killed and waited for on the way out, whatever happened."""
-    command = [sys.executable, "-m", __name__, "--connect", f"{address[0]}:{address[1]}",
+    command = [sys.executable, "-m", PEER_MODULE, "--connect", f"{address[0]}:{address[1]}",
                "--role", role] + (["--raw", str(raw)] if raw else []) \
         + (["--unpickle"] if unpickle else [])
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ``--unpickle``) until the other side says "bye" or closes. Exit status REFUSED when
     the channel refused something, with the reason on stderr."""
     args = _parser().parse_args(argv)
+    if args.connect is None:
+        return _print_bench()
     host, port = args.connect.rsplit(":", 1)
     if args.raw:
         return _echo_raw((host, int(port)), args.raw)
@@ -159,9 +163,18 @@ def _echo_raw(address: tuple, size: int) -> int:
     return 0
 
 
+def _print_bench() -> int:
+    for size, count in ((64, 500), (4096, 500), (1 << 20, 10)):
+        r = round_trip(count=count, size=size)
+        print(f"{size:>8} bytes: channel {r.channel_us:8.1f} us, raw socket {r.raw_us:7.1f} "
+              f"us, ratio {r.ratio:4.1f} (median of {r.count} round trips each)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="the channel's echo peer")
-    parser.add_argument("--connect", required=True, help="HOST:PORT of the other side")
+    parser.add_argument("--connect", help="HOST:PORT of the other side (without it: "
+                        "run the benchmark and print its figures)")
     parser.add_argument("--role", default=AGENT, choices=(AGENT, CONTROLLER))
     parser.add_argument("--raw", type=int, default=0, help="echo raw messages of this size")
     parser.add_argument("--unpickle", action="store_true")
