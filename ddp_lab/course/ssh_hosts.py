@@ -40,6 +40,7 @@ SUBNETS = ipaddress.ip_network("10.214.0.0/16")  # the /24 of a bed is picked in
 MACHINE_SEAT = 254     # the machine's address on the link: .254; host i's: .(i + 1)
 FOLDERS = Path("/run")  # root's only (0755): sshd's StrictModes accepts keys below it
 FOLDER_PREFIX = "ddp_lab-ssh-"
+SWITCH_SUFFIX = "-switch"
 START_TIMEOUT_S = 10.0
 MAX_HOSTS = 9  # one digit ends each interface's name (Linux allows 15 characters)
 
@@ -133,11 +134,16 @@ def _plan(count: int) -> SshHosts:
     pid = os.getpid()
     tag = f"{pid:x}{secrets.token_hex(2)}"
     subnet = _free_subnet()
-    hosts = tuple(Host(f"node{i}", str(subnet[i + 1]), f"ds{tag}{i}",
+    hosts = tuple(Host(f"node{i}", str(subnet[i + 1]), _interface(tag, str(i)),
                        f"{NAME_PREFIX}{pid}-{tag}-node{i}") for i in range(count))
     return SshHosts(hosts, str(subnet[MACHINE_SEAT]), str(subnet),
                     FOLDERS / f"{FOLDER_PREFIX}{pid}-{tag}",
-                    f"{NAME_PREFIX}{pid}-{tag}-switch", f"ds{tag}m")
+                    f"{NAME_PREFIX}{pid}-{tag}{SWITCH_SUFFIX}", _interface(tag, "m"))
+
+
+def _interface(tag: str, end: str) -> str:
+    """A cable's end: ``end`` is a host's number, or m for the machine's end."""
+    return f"ds{tag}{end}"
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -227,9 +233,13 @@ def destroy(bed: SshHosts, servers: Sequence[subprocess.Popen] = ()) -> None:
 
 def remove_orphans() -> list[str]:
     """Remove what beds of dead processes left (killed before their cleanup ran): their
-    namespaces (and so their sshds, hosts' processes and cables) and folders."""
+    namespaces (and so their sshds and whatever ran on the hosts), the machine's end of
+    each cable, and folders."""
     import psutil
     removed = netns.remove_orphans()
+    # the kernel frees a deleted namespace, and so the cable into it, a moment later
+    netns.remove([], [_interface(name[:-len(SWITCH_SUFFIX)].split("-")[-1], "m")
+                      for name in removed if name.endswith(SWITCH_SUFFIX)])
     for folder in glob.glob(str(FOLDERS / f"{FOLDER_PREFIX}*-*")):
         pid = Path(folder).name[len(FOLDER_PREFIX):].split("-")[0]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
