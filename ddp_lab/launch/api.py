@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ddp_lab.launch import backends, checks
 from ddp_lab.launch.config import LaunchConfig
-from ddp_lab.launch.forkserver.client import get_fork_server, get_network_fork_server
+from ddp_lab.launch.forkserver.client import fork_server_for
 from ddp_lab.launch.session import Session
 from ddp_lab.launch.verdict.outcome import RunResult, conclude
 from ddp_lab.launch.verdict.skips import warn_if_skipped
@@ -61,14 +61,13 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
     __tracebackhide__ = True
     called = time.monotonic()
     launcher = checks.check_launcher(launcher)
-    if network is not None and launcher == "torchrun":
-        raise ValueError("network= works with launcher='ddp_lab' only: torchrun's agent "
-                         "starts its workers itself, outside the shaped network")
     config = checks.checked_config(world_size, backend, timeout, env, echo=echo,
                                    network=network, script=(script, script_args))
+    config.placement.allow(config.backend, launcher)
     if launcher == "torchrun":
         from ddp_lab.launch.torchrun.session import run_with_torchrun
-        return warn_if_skipped(run_with_torchrun(_checked_backend(config)), stacklevel=3)
+        _check_machine(config)
+        return warn_if_skipped(run_with_torchrun(_resolved(config)), stacklevel=3)
     return launch(config, None, called)
 
 
@@ -117,22 +116,22 @@ def launch(config: LaunchConfig, payload: bytes | None, called: float | None = N
 def prepare(config: LaunchConfig) -> LaunchConfig:
     """The last checks before ranks start (GPUs, this machine's limits), the fork server
     on its way, and the backend resolved: the config the ranks get (live ranks too)."""
+    _check_machine(config)
+    fork_server_for(config.placement)  # it imports torch while this resolves the backend
+    return _resolved(config)
+
+
+def _check_machine(config: LaunchConfig) -> None:
+    """Whether this machine can hold the run: its GPUs (for NCCL) and its limits."""
     if backends.uses_nccl(config.backend):  # else torch is imported later, in parallel
         checks.check_gpus(config.backend, config.world_size, backends.gpu_count())
     checks.check_resources(config.world_size)
-    # it imports torch while this process resolves the backend
-    (get_fork_server if config.network is None else get_network_fork_server)()
+
+
+def _resolved(config: LaunchConfig) -> LaunchConfig:
+    """The backend the ranks get where the run is placed (torchrun's too: no fork server)."""
     backend = resolve_backend(config.backend, config.world_size)
-    if config.network is not None:
-        backend = "gloo"  # shaped links carry TCP: gloo, never NCCL over NVLink/PCIe
-    return replace(config, backend=backend)
-
-
-def _checked_backend(config: LaunchConfig) -> LaunchConfig:
-    if backends.uses_nccl(config.backend):
-        checks.check_gpus(config.backend, config.world_size, backends.gpu_count())
-    checks.check_resources(config.world_size)
-    return replace(config, backend=resolve_backend(config.backend, config.world_size))
+    return replace(config, backend=config.placement.run_backend(backend))
 
 
 def resolve_backend(backend: str, world_size: int) -> str:

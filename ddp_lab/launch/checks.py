@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 
 from ddp_lab.launch import backends
 from ddp_lab.launch.config import LaunchConfig
+from ddp_lab.launch.network.placement import checked_placement
 
 LAUNCHERS = ("ddp_lab", "torchrun")
 # A week: a run that may hang longer is better split into checkpointed parts; and the
@@ -34,22 +34,12 @@ def checked_config(world_size, backend="auto", timeout=60.0, env=None, *, echo=T
     script_args) as given (None: a function runs); ``init_group=False``: fn joins the group
     itself (spawn)."""
     path, script_args = (None, ()) if script is None else check_script(*script)
-    config = LaunchConfig(world_size=check_world_size(world_size), backend=check_backend(backend),
-                          timeout=check_timeout(timeout), env=check_env(env), echo=bool(echo),
-                          script=path, script_args=script_args, init_group=init_group)
-    return _with_network(config, network)
-
-
-def _with_network(config: LaunchConfig, network) -> LaunchConfig:
-    """The checked network (None: loopback); it needs the checked world size and backend."""
-    if network is None:
-        return config
-    from ddp_lab.launch.network.setting import check_network
-    if backends.uses_nccl(config.backend):
-        raise ValueError("network= shapes gloo's TCP traffic between CPU ranks; NCCL on GPUs "
-                         "does not go through it. Use backend='gloo' (or 'auto', which is "
-                         "gloo with network=).")
-    return replace(config, network=check_network(network, config.world_size))
+    world_size, backend = check_world_size(world_size), check_backend(backend)
+    timeout, env = check_timeout(timeout), check_env(env)
+    return LaunchConfig(world_size=world_size, backend=backend, timeout=timeout, env=env,
+                        echo=bool(echo), script=path, script_args=script_args,
+                        init_group=init_group,
+                        placement=checked_placement(network, world_size, backend))
 
 
 def check_world_size(world_size) -> int:

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddp_lab.launch.network.placement import LOOPBACK, Placement
 from ddp_lab.launch.verdict import plain_values
 
 # Names the run folder in every rank's environment: ``ddp_lab.report`` writes there, and
@@ -43,8 +44,13 @@ class LaunchConfig:
     script: str | None = None
     script_args: tuple = ()
     init_group: bool = True  # False for ddp_lab.spawn: fn(rank, ...) initializes its own
-    network: object = None  # network.Network: a shaped run; None: plain loopback
+    placement: Placement = LOOPBACK  # where the ranks live and talk (network/placement.py)
     log_limit: int = LOG_LIMIT_BYTES  # per rank, of its output's head and of its tail
+
+    @property
+    def network(self):
+        """The shaped network the caller asked for (network.Network), None for loopback."""
+        return self.placement.network
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ def rank_spec(config: LaunchConfig, rank: int, run_dir: str, base_env: dict) -> 
                     env=rank_env(base_env, rank), cwd=os.getcwd(), sys_path=tuple(sys.path),
                     backend=c.backend, threads=threads_per_rank(c.world_size),
                     pg_timeout_s=c.timeout + 60.0, script=c.script, script_args=c.script_args,
-                    init_group=c.init_group, network=c.network is not None,
+                    init_group=c.init_group, network=c.placement.rank_netns,
                     gpu_per_rank=uses_nccl(c.backend), limits=rank_limits(base_env))
 
 
@@ -159,9 +165,6 @@ PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 INIT_BARRIER_VAR = "TORCH_DIST_INIT_BARRIER"
 
 
-SHAPED_INTERFACE = "eth0"  # a shaped run's rank: its one link (network/switch.py)
-
-
 def loopback_env(config: LaunchConfig, interface: str | None = None) -> dict[str, str]:
     """This process's environment with gloo and NCCL kept off the network (one machine;
     a shaped run: on the rank's link) and a barrier after process-group set-up, then the
@@ -175,8 +178,7 @@ def run_env(config: LaunchConfig, port: int, run_dir: str,
             address: str = "127.0.0.1") -> dict[str, str]:
     """The environment torchrun would give every rank, plus loopback-only networking (a
     shaped run: the store is at ``address`` on the bridge, traffic on each rank's link)."""
-    shaped = config.network is not None
-    env = loopback_env(config, SHAPED_INTERFACE if shaped else None)
+    env = loopback_env(config, config.placement.interface)
     n = config.world_size
     env.update({
         "GROUP_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),

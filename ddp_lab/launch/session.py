@@ -24,8 +24,7 @@ from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles, new_run_dir,
 from ddp_lab.launch.deadlines import (DRAIN_QUIET_S, END_WAIT_S, GRACE_OVER, KILL_WAIT_S, TIMED_OUT,
                                       Deadline, StartClock)
 from ddp_lab.launch.errors import ForkServerUnresponsive
-from ddp_lab.launch.forkserver.client import (ForkServerDied, get_fork_server,
-                                              get_network_fork_server)
+from ddp_lab.launch.forkserver.client import ForkServerDied, fork_server_for
 from ddp_lab.launch.forkserver.protocol import Exited, NetReady, RunEnded, ServerDied, Spawned
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.output.echo import make_echo
@@ -109,20 +108,18 @@ class Session:
 
     def _set_up_network(self) -> None:
         """The fork server hosts the run's store in its private network, where the ranks
-        reach it and nobody else can (network/isolation.py); a shaped run's server builds the links
-        and puts the store on their bridge. End-run takes them down (server.py)."""
-        from ddp_lab.launch.network.setting import link_plan, not_built
-        shaped = self.config.network is not None
-        plan = link_plan(self.config.network, self.config.world_size) if shaped else None
-        self.server = get_network_fork_server() if shaped else get_fork_server()
+        reach it and nobody else can (network/isolation.py), after building what the run's
+        placement plans (a shaped run: the links, the store on their bridge). End-run takes
+        them down (server.py)."""
+        placement = self.config.placement
+        plan = placement.link_plan(self.config.world_size)
+        self.server = fork_server_for(placement)
         self._cleanup.callback(self.server.forget_run, self.run_dir)
         self._start_clock()
         self.server.net_up(self.run_dir, self.config.world_size, plan, self.events)
         self._await(lambda: self.net_reply is None, "while setting up the run's rendezvous")
         if self.net_reply.error:
-            raise not_built(self.net_reply.error) if shaped else RuntimeError(
-                f"the ddp_lab fork server could not host the run's store: "
-                f"{self.net_reply.error}")
+            raise placement.not_built(self.net_reply.error)
         host, port = self.net_reply.address
         self.base_env = run_env(self.config, port, self.run_dir, address=host)
 

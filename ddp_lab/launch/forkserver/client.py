@@ -24,7 +24,7 @@ from ddp_lab.launch.forkserver import process_tree, protocol
 from ddp_lab.launch.forkserver.protocol import (EndRun, NetReady, NetUp, Ready, RunEnded,
                                                 ServerDied, SignalRank, SpawnRank)
 from ddp_lab.launch.interrupts import deferred
-
+from ddp_lab.launch.network.placement import PRIVATE_SERVER, SHAPED_SERVER, ServerKind
 
 
 class ForkServerDied(RuntimeError):
@@ -32,7 +32,8 @@ class ForkServerDied(RuntimeError):
 
 
 class ForkServer:
-    """``prefix``: a command the server runs under (``unshare ... --``: network/)."""
+    """``prefix``: a command the server runs under (``unshare ... --``: its placement's
+    ``ServerKind``, network/placement.py)."""
 
     def __init__(self, prefix: tuple[str, ...] = ()):
         self.prefix = prefix
@@ -74,8 +75,8 @@ class ForkServer:
         self._send(EndRun(run_dir))
 
     def net_up(self, run_dir: str, world_size: int, plan, events: queue.Queue) -> None:
-        """Ask for the run's store (``plan``: a shaped run's network too); ``NetReady``
-        goes to ``events`` (only the server started for shaped runs can build links)."""
+        """Ask for the run's store (``plan``: what its placement builds first, None:
+        nothing); ``NetReady`` goes to ``events``."""
         self._route_run(run_dir, events)
         self._send(NetUp(run_dir, world_size, plan))
 
@@ -242,38 +243,42 @@ class _Holder:
             self._server = None
 
 
-def _private_prefix() -> tuple[str, ...]:
-    """The server, its ranks and the stores it hosts live in a network namespace of
-    their own (network/isolation.py): no port of a run exists in the machine's namespace."""
-    from ddp_lab.launch.network.isolation import prefix
-    return prefix()
+_holders: dict[ServerKind, _Holder] = {}  # one server per kind (network/placement.py)
+_holders_lock = threading.Lock()
 
 
-def _network_prefix() -> tuple[str, ...]:
-    """Shaped runs get a server of their own inside a new user and network namespace (the
-    switch: network/switch.py); it is started the first time a shaped run asks for it."""
-    from ddp_lab.launch.network.setting import find_tools
-    return (find_tools()["unshare"], "--user", "--map-root-user", "--net", "--")
+def _holder(kind: ServerKind) -> _Holder:
+    with _holders_lock:
+        if kind not in _holders:
+            _holders[kind] = _Holder(kind.prefix)
+        return _holders[kind]
 
 
-_holder = _Holder(_private_prefix)
-_network_holder = _Holder(_network_prefix)
-get_fork_server = _holder.get
-get_network_fork_server = _network_holder.get
-fork_server_pid = _holder.pid
-network_fork_server_pid = _network_holder.pid
+def fork_server_for(placement) -> ForkServer:
+    """The server that forks the ranks of a run placed there (started if need be)."""
+    return _holder(placement.server).get()
+
+
+def fork_server_pid() -> int | None:
+    """The server of runs on loopback (None while there is none)."""
+    return _holder(PRIVATE_SERVER).pid()
+
+
+def network_fork_server_pid() -> int | None:
+    """The shaped runs' server (None before the first shaped run)."""
+    return _holder(SHAPED_SERVER).pid()
 
 
 def launcher_pids() -> set[int]:
     """The processes a launcher keeps between runs: its fork servers and their store hosts
     (none: empty)."""
-    return {*_holder.pids(), *_network_holder.pids()}
+    return {pid for holder in list(_holders.values()) for pid in holder.pids()}
 
 
 def shutdown() -> None:
-    """Stop both fork servers (each is started again by the next run that needs it)."""
-    _holder.shutdown()
-    _network_holder.shutdown()
+    """Stop every fork server (each is started again by the next run that needs it)."""
+    for holder in list(_holders.values()):
+        holder.shutdown()
 
 
 atexit.register(shutdown)

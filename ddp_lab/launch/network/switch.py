@@ -28,6 +28,7 @@ from ddp_lab.launch.network.setting import LinkPlan
 
 QUEUE_LATENCY = "50ms"  # tbf's queue: how long a packet may wait for tokens before a drop
 MAX_SLOTS = 256
+RANK_LINK = "eth0"  # a rank's one interface, its end of its link: gloo and NCCL use it
 TOOL_TIMEOUT_S = 20.0
 
 
@@ -88,10 +89,11 @@ class Switch:
             home = f"/proc/{os.getpid()}/fd/{self.home}"  # ip accepts a namespace by path
             _run(tools["ip"], ["-batch", "-"], [
                 "link set lo up",
-                f"link add eth0 mtu {plan.mtu} type veth peer name {net.port_name(rank)} "
+                f"link add {RANK_LINK} mtu {plan.mtu} type veth peer name {net.port_name(rank)} "
                 f"netns {home}",
-                f"addr add {net.rank_address(rank)}/24 dev eth0", "link set eth0 up"])
-            _run(tools["tc"], ["-batch", "-"], qdisc_lines("eth0", plan, rank))
+                f"addr add {net.rank_address(rank)}/24 dev {RANK_LINK}",
+                f"link set {RANK_LINK} up"])
+            _run(tools["tc"], ["-batch", "-"], qdisc_lines(RANK_LINK, plan, rank))
             return fd
         finally:
             self._call(self.libc.setns, self.home, CLONE_NEWNET)
