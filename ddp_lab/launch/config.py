@@ -69,7 +69,7 @@ class RankSpec:
     script: str | None = None  # None: call the pickled function in run_dir/payload.pkl
     script_args: tuple = ()
     init_group: bool = True
-    network: bool = False  # forked into its own network namespace (network/switch.py)
+    network: bool = False  # forked into a namespace of its own: placement.rank_netns
     gpu_per_rank: bool = False  # NCCL moves CUDA tensors: the rank owns GPU LOCAL_RANK
     limits: tuple = ()  # (name, value) resource limits, DDP_LAB_RANK_LIMITS (rank/limits.py)
 

@@ -50,12 +50,13 @@ class EndRun:
 
 @dataclass(frozen=True)
 class NetUp:
-    """Host the run's store; for a shaped run, build its network too (network/switch.py),
-    which only the server started for shaped runs can. Answered by ``NetReady``."""
+    """Host the run's store, after building what its placement plans (network/placement.py:
+    a shaped run's links, network/switch.py, which only the server of shaped runs can).
+    Answered by ``NetReady``."""
 
     run_dir: str
     world_size: int
-    plan: object  # network.setting.LinkPlan; None: a plain run, the store on loopback
+    plan: object  # placement.link_plan(): a network.setting.LinkPlan; None: store on loopback
 
 
 # -- server -> launcher -----------------------------------------------------------------------

@@ -144,7 +144,8 @@ class Server:
         return self._tell(Spawned(spec.run_dir, spec.rank, pid))
 
     def _rank_network(self, spec):
-        """A shaped run's rank is forked inside its own network namespace."""
+        """A rank whose placement gives it a namespace of its own (``spec.network``: the
+        placement's ``rank_netns``, network/placement.py) is forked inside it."""
         if spec.network:
             return self.switch.inside(spec.run_dir, spec.rank)
         return contextlib.nullcontext()
