@@ -7,7 +7,9 @@ own, with a cable (veth pair) to each host and one to this machine, all on one p
 Why a switch rather than a second cable per host: it is the shape of a cluster seen from a
 login node. Every host has one interface and one address, which both the machine (ssh, the
 controller's connection to each host's agent) and the other host (the ranks' store and
-gloo) use, so name resolution and gloo's choice of interface behave as they would there.
+gloo) use, and a cluster's pitfalls bite as there: the hosts share this machine's files,
+users and hostname, which resolves to loopback, so gloo needs ``GLOO_SOCKET_IFNAME`` set
+to the host's ``interface`` (without it, two ranks started over ssh hang in all_reduce).
 The machine gains one interface and one route, to a /24 no route of it covers yet; and
 deleting the switch's namespace removes the bridge and every cable at once.
 
@@ -205,7 +207,8 @@ def _start_servers(bed: SshHosts, servers: list[subprocess.Popen]) -> None:
     terminal that runs the notebook is not for them); returns once all listen."""
     ssh_files.PRIVSEP.mkdir(mode=0o755, exist_ok=True)
     for host in bed.hosts:
-        argv = [str(ssh_files.SSHD), "-D", "-e", "-f", str(ssh_files.sshd_config(bed.folder, host))]
+        config = ssh_files.sshd_config(bed.folder, host)
+        argv = [str(ssh_files.SSHD), "-D", "-e", "-f", str(config)]
         with open(ssh_files.sshd_log(bed.folder, host), "wb") as log, deferred():
             servers.append(subprocess.Popen(host.command(argv), stdin=subprocess.DEVNULL,
                                             stdout=log, stderr=log, start_new_session=True))
