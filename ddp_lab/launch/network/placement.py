@@ -25,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ddp_lab.launch import backends
-from ddp_lab.launch.network.setting import Network, check_network, link_plan, not_built
+from ddp_lab.launch.network import isolation
+from ddp_lab.launch.network.setting import (Network, check_network, find_tools, link_plan,
+                                            not_built)
 from ddp_lab.launch.network.switch import RANK_LINK
 
 
@@ -41,14 +43,12 @@ class ServerKind:
 def private_prefix() -> tuple[str, ...]:
     """The server, its ranks and the stores it hosts live in a network namespace of
     their own (isolation.py): no port of a run exists in the machine's namespace."""
-    from ddp_lab.launch.network.isolation import prefix
-    return prefix()
+    return isolation.prefix()
 
 
 def shaped_prefix() -> tuple[str, ...]:
     """Shaped runs get a server of their own inside a new user and network namespace (the
     switch: switch.py); it is started the first time a shaped run asks for it."""
-    from ddp_lab.launch.network.setting import find_tools
     return (find_tools()["unshare"], "--user", "--map-root-user", "--net", "--")
 
 
