@@ -19,7 +19,8 @@ The entry points are on top; everything else is in rooms that follow a run. Read
    and the one run loop every launcher shares).
 7. ``verdict/`` (rank state, the run record, the outcome or its error, stacks) and
    ``errors`` (the exceptions a run raises).
-8. ``network/`` (every run's private network: ``isolation``; ``network=``: the setting,
+8. ``network/`` (where a run's ranks live: ``placement``, asked instead of branching on
+   ``network=``; every run's private network: ``isolation``; ``network=``: the setting,
    the switch; the rendezvous).
 9. ``magic`` (``%%ddp``; its rank side is ``rank/cell``), ``live/`` (ranks kept alive
    across calls: ``ddp_lab.Ranks``, ``%ddp_ranks``, ``%%ranks``, on the same session; their
