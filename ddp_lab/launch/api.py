@@ -4,6 +4,11 @@ Ranks are fresh processes forked from a fork server that has torch imported
 (forkserver/server.py),
 never forks of the calling kernel, so functions defined in a notebook work (they travel by
 value with cloudpickle) and a kernel that touched CUDA is no problem.
+
+Every launcher is a session that keeps one contract, ``RunSession`` (``LiveRunSession`` adds
+the calls of live ranks): the one-shot ``session.Session``, ``live.session.LiveSession`` and
+``torchrun.session.TorchrunSession``. ``drive`` is the one sequence a one-shot run goes
+through, whichever session runs it.
 """
 
 from __future__ import annotations
@@ -11,13 +16,69 @@ from __future__ import annotations
 import linecache
 import time
 from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
 from ddp_lab.launch import backends, checks
 from ddp_lab.launch.config import LaunchConfig
 from ddp_lab.launch.forkserver.client import fork_server_for
 from ddp_lab.launch.session import Session
 from ddp_lab.launch.verdict.outcome import RunResult, conclude
+from ddp_lab.launch.verdict.record import RunRecord
 from ddp_lab.launch.verdict.skips import warn_if_skipped
+
+
+@runtime_checkable
+class RunSession(Protocol):
+    """One run of ranks, verb by verb. Entering its ``with`` creates nothing, so from then on
+    ``close`` runs (``__exit__`` is ``close``) whatever happens: every resource is registered
+    for close the moment it is created, with Ctrl-C held back in between (interrupts.py)."""
+
+    def start(self) -> None:
+        """Create the run (private folder, rendezvous, output pipes) and start the ranks;
+        a one-shot session's one call, its function or script, goes with them. Raises what
+        stops a run before its ranks run (a fork server that died or stopped answering, a
+        placement that cannot be built); whatever it made is still closed by ``close``."""
+
+    def wait(self) -> object:
+        """Stream the ranks' output to the cell until the call is over: every rank exited
+        (one-shot), or replied, failed, died or hung (live), enforcing the call's timeout and
+        the grace after a first failure. A failure does not raise here: ``record`` says it."""
+
+    def record(self) -> RunRecord:
+        """The finished call for ``outcome.conclude``: how each rank ended, its output, its
+        value and failure records. Call it before ``close``, which removes the run folder."""
+
+    def close(self) -> None:
+        """Kill every rank still running and remove all the run made (processes, pipes,
+        folder, network); nothing is left. Ctrl-C is held back until it is done, then
+        raised. Bounded: a fork server that stops answering is killed with its ranks."""
+
+    def __enter__(self): ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class LiveRunSession(RunSession, Protocol):
+    """Live ranks: ``start`` also awaits each rank's ready reply (its group is up), which
+    ``wait`` returns; then any number of ``call`` + ``wait``; a one-shot session's call is
+    the implicit one ``start`` makes."""
+
+    def call(self, kind: str, bodies: dict[int, object], timeout: float) -> object:
+        """Send ``bodies[rank]`` to each rank in it (``wait`` then awaits the replies).
+        Raises RuntimeError once the ranks are lost (a rank died: restart); Ctrl-C while it
+        sends interrupts the ranks already called, as in ``wait``."""
+
+
+def drive(session: RunSession) -> RunResult:
+    """A one-shot run from start to result: start, wait, the verdict on ``record()``
+    (``outcome.conclude``: the values, or the error that explains why there are none),
+    close. ``api.launch`` (run, run_script, spawn) and torchrun's ``run_script`` use it."""
+    __tracebackhide__ = True
+    with session:
+        session.start()
+        session.wait()
+        return conclude(session.record())
 
 
 def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
@@ -65,9 +126,9 @@ def run_script(script, world_size: int = 2, script_args=(), backend: str = "auto
                                    network=network, script=(script, script_args))
     config.placement.allow(config.backend, launcher)
     if launcher == "torchrun":
-        from ddp_lab.launch.torchrun.session import run_with_torchrun
+        from ddp_lab.launch.torchrun.session import TorchrunSession
         _check_machine(config)
-        return warn_if_skipped(run_with_torchrun(_resolved(config)), stacklevel=3)
+        return warn_if_skipped(drive(TorchrunSession(_resolved(config))), stacklevel=3)
     return launch(config, None, called)
 
 
@@ -106,11 +167,7 @@ def launch(config: LaunchConfig, payload: bytes | None, called: float | None = N
     (time.monotonic()), which ``res.seconds`` counts from; None: now."""
     __tracebackhide__ = True
     called = time.monotonic() if called is None else called
-    config = prepare(config)
-    with Session(config, payload, called) as session:
-        session.start()
-        session.wait()
-        return warn_if_skipped(conclude(session.record()))
+    return warn_if_skipped(drive(Session(prepare(config), payload, called)))
 
 
 def prepare(config: LaunchConfig) -> LaunchConfig:

@@ -7,6 +7,9 @@ it is created, with Ctrl-C held back in between (interrupts.py); cleanup holds C
 until it is done and then raises it. The call is bounded whatever the ranks or the fork
 server do: it ends within ``timeout`` + ``deadlines.BOUND_SLACK_S`` (a server that stops
 answering is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
+
+It keeps the session contract (``api.RunSession``, run by ``api.drive``). A live session
+(live/session.py) changes what ``rank_pipes`` and the public ``start`` and ``wait`` declare.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import queue
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-from ddp_lab.launch.config import LaunchConfig, RankSpec, RunFiles, new_run_dir, rank_spec, run_env
+from ddp_lab.launch.config import LaunchConfig, RunFiles, new_run_dir, rank_spec, run_env
 from ddp_lab.launch.deadlines import (DRAIN_QUIET_S, END_WAIT_S, GRACE_OVER, KILL_WAIT_S, TIMED_OUT,
                                       Deadline, StartClock)
 from ddp_lab.launch.errors import ForkServerUnresponsive
@@ -36,26 +39,21 @@ from ddp_lab.launch.verdict.record import RunRecord
 from ddp_lab.launch.verdict.timeouts import stacks_at_timeout
 
 
-@dataclass
-class Stopping:
-    """The ranks the launcher has killed: only their exit reports are still awaited, and a
-    fork server that has not reported them gone ``KILL_WAIT_S`` after ``sent_at`` is wedged."""
-
-    killed: set = field(default_factory=set)  # pids sent SIGKILL
-    sent_at: float = math.inf
-
-
 class Session:
-    """Use as ``with Session(config, payload) as s: s.start(); s.wait()``.
+    """``api.drive(Session(config, payload))``: start, wait, record, close (``__exit__``).
 
     Its phases, each with what it sets: set-up (``run_dir``, ``files``, ``output``, the
     lifeline in ``fds``, ``server``, ``clock``, ``net_reply``, ``base_env``), start (each rank's
-    pid in ``ranks``, then ``deadline``), the run (``stopping``, ``timed_out``, ``stacks``,
-    ``seconds``), cleanup (``run_ended``). Every attribute is set here, None until then."""
+    pid in ``ranks``, then ``deadline``), the run (``killed``, ``timed_out``, ``stacks``,
+    ``seconds``), cleanup (``run_ended``). Every attribute is set here, None until then.
+    ``rank_pipes(rank)``: a rank's extra pipes (made with Ctrl-C held back, own ends kept by
+    ``own_fd``); returns the rank's ends, passed after output and lifeline, then closed."""
 
-    def __init__(self, config: LaunchConfig, payload: bytes | None, called: float | None = None):
+    def __init__(self, config: LaunchConfig, payload: bytes | None, called: float | None = None,
+                 *, rank_pipes: Callable[[int], list[int]] | None = None):
         self.config = config
         self.payload = payload
+        self.rank_pipes = rank_pipes
         self.ranks = RankState.of_run(config)
         self.events: queue.Queue = queue.Queue()  # the fork server's answers (protocol.py)
         self.echo = make_echo(config.echo)
@@ -65,7 +63,8 @@ class Session:
         self.fds: dict[str, int] = {}  # closed once, by name: a number may be reused at once
         self.requested = 0  # spawn requests sent (ranks[:requested] have a pid, or will)
         self.deadline: Deadline | None = None
-        self.stopping = Stopping()
+        self.killed: set[int] = set()  # pids sent SIGKILL: only their exits are awaited,
+        self.kill_sent_at = math.inf  # and a server silent KILL_WAIT_S after it is wedged
         self.timed_out = False
         self.stacks: dict[int, str] = {}
         self.stacks_at_failure: dict[int, str] | None = None  # taken once: verdict/timeouts.py
@@ -96,15 +95,9 @@ class Session:
             self.output = OutputReader()
             keep(self.output.close)
         with deferred():  # the lifeline: ranks die when its write end closes (rank/main.py)
-            self.fds["lifeline_r"], self.fds["lifeline_w"] = os.pipe()
-            keep(self._close, "lifeline_r", "lifeline_w")
+            for name, fd in zip(("lifeline_r", "lifeline_w"), os.pipe()):
+                self.own_fd(name, fd)
         self._set_up_network()
-
-    def _start_clock(self) -> None:
-        """Once the fork server is ready: a new one imports torch first (seconds, many more
-        on busy cores), which is not the run's time and must not eat a short timeout."""
-        self.server.wait_ready()
-        self.clock = StartClock(entered=time.monotonic(), timeout=self.config.timeout)
 
     def _set_up_network(self) -> None:
         """The fork server hosts the run's store in its private network, where the ranks
@@ -115,7 +108,9 @@ class Session:
         plan = placement.link_plan(self.config.world_size)
         self.server = fork_server_for(placement)
         self._cleanup.callback(self.server.forget_run, self.run_dir)
-        self._start_clock()
+        self.server.wait_ready()  # a new one imports torch first (seconds, many more on
+        # busy cores), which is not the run's time and must not eat a short timeout
+        self.clock = StartClock(entered=time.monotonic(), timeout=self.config.timeout)
         self.server.net_up(self.run_dir, self.config.world_size, plan, self.events)
         self._await(lambda: self.net_reply is None, "while setting up the run's rendezvous")
         if self.net_reply.error:
@@ -124,18 +119,23 @@ class Session:
         self.base_env = run_env(self.config, port, self.run_dir, address=host)
 
     def _spawn(self, state: RankState) -> None:
-        spec = self._spec(state.rank)
+        spec = rank_spec(self.config, state.rank, self.run_dir, self.base_env)
         with deferred():  # the request is sent and counted, or neither
             out_r, out_w = os.pipe()
+            extra: list[int] = []
             try:
                 self.output.add(out_r, owner=state.rank)
-                self.server.spawn(spec, [out_w, self.fds["lifeline_r"]], self.events)
+                extra = self.rank_pipes(state.rank) if self.rank_pipes else []
+                self.server.spawn(spec, [out_w, self.fds["lifeline_r"], *extra], self.events)
                 self.requested += 1
             finally:
-                os.close(out_w)
+                for fd in (out_w, *extra):
+                    os.close(fd)
 
-    def _spec(self, rank: int) -> RankSpec:
-        return rank_spec(self.config, rank, self.run_dir, self.base_env)
+    def own_fd(self, name: str, fd: int) -> None:
+        """Hold ``fd`` under ``name`` until cleanup closes it (by name: see ``fds``)."""
+        self.fds[name] = fd
+        self._cleanup.callback(self._close, name)
 
     def _await(self, pending, when: str) -> None:
         """Handle the fork server's replies until ``pending()`` is false."""
@@ -168,11 +168,12 @@ class Session:
     def _enforce(self, now: float) -> float:
         """Do what the deadline policy says is due now; when to look again."""
         running = [s for s in self.ranks if s.running]
-        if self.server.wedged or now >= self.stopping.sent_at + KILL_WAIT_S:
+        if self.server.wedged or now >= self.kill_sent_at + KILL_WAIT_S:
             self._abandon_server("during the run")
-        if not running or self.stopping.killed:
+        if not running or self.killed:
             return now + 0.05  # only exit reports are still to come
-        first = self._first_failure()
+        first = min((s.exit_time for s in self.ranks if s.exitcode not in (None, 0)),
+                    default=None)
         if first is not None and self.stacks_at_failure is None:  # once: verdict/timeouts.py
             self.stacks_at_failure = stacks_at_timeout(self.files, self.ranks, self._collect_stacks)
         due = self.deadline.due(now, first)
@@ -184,18 +185,14 @@ class Session:
             self.timed_out = True
             self.stacks = self._collect_stacks([s.rank for s in running])
             self._kill(running)
-        return now + 0.05 if self.stopping.killed else self.deadline.ends_at(first)
+        return now + 0.05 if self.killed else self.deadline.ends_at(first)
 
     def _kill(self, states: list[RankState]) -> None:
-        self.stopping.sent_at = min(self.stopping.sent_at, time.monotonic())
+        self.kill_sent_at = min(self.kill_sent_at, time.monotonic())
         for state in states:
-            if state.pid not in self.stopping.killed:
-                self.stopping.killed.add(state.pid)
+            if state.pid not in self.killed:
+                self.killed.add(state.pid)
                 self.server.signal(state.pid, signal.SIGKILL)
-
-    def _first_failure(self) -> float | None:
-        times = [s.exit_time for s in self.ranks if s.exitcode not in (None, 0)]
-        return min(times) if times else None
 
     def _show(self, out: Output) -> None:
         self.ranks[out.owner].lines.extend(out.lines)
@@ -231,7 +228,8 @@ class Session:
                 state.exit_time = time.monotonic()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Each rank's stack now (a rank's file keeps every dump: read only this one)."""
+        """Each rank's stack now. A rank's file keeps every dump (a live rank is asked once
+        per hung call): read only this one, from where the file ends now."""
         from ddp_lab.launch.verdict.stacks import collect_stacks
         offsets = {r: path.stat().st_size for r in ranks if (path := self.files.stack(r)).exists()}
         return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files,
@@ -249,6 +247,10 @@ class Session:
 
     # -- cleanup ------------------------------------------------------------------------
     def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every rank, remove everything of the run (once: ``__exit__`` does)."""
         with deferred():  # a second Ctrl-C must not cut cleanup short; it is raised after
             try:
                 self._stop_ranks()

@@ -114,9 +114,10 @@ class Ranks:
     def _start(self) -> None:
         __tracebackhide__ = True
         session = LiveSession(self._config)
-        finalizer = weakref.finalize(self, session.__exit__, None, None, None)
+        finalizer = weakref.finalize(self, session.close)
         try:  # the finalizer also runs at the interpreter's exit: a kernel that shuts down
-            verdict(session, session.open())
+            session.start()
+            verdict(session, session.wait())
         except BaseException:
             finalizer()
             raise
@@ -126,7 +127,7 @@ class Ranks:
     def _stop(self) -> None:
         if self._session is not None:
             self._session = None
-            self._finalizer()  # session.__exit__, once
+            self._finalizer()  # session.close, once
 
     def _call(self, kind: str, bodies: dict, timeout: float | None = None) -> RunResult:
         __tracebackhide__ = True
@@ -134,7 +135,8 @@ class Ranks:
             raise RuntimeError("these ranks are closed: ranks.restart() starts new ones, or "
                                "make a new ddp_lab.Ranks(...)")
         try:
-            call = self._session.call(kind, bodies, timeout or self._config.timeout)
+            self._session.call(kind, bodies, timeout or self._config.timeout)
+            call = self._session.wait()
         except KeyboardInterrupt:
             self._restart_after_interrupt()
             raise

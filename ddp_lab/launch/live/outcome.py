@@ -35,12 +35,12 @@ def verdict(session, call) -> RunResult:
     """The call's RunResult (values and logs of the ranks it went to, in that order), or
     raise its error with ``err.session`` set to "kept", "restart" or "stopped"."""
     __tracebackhide__ = True
-    logs = session.logs()
-    seconds = time.monotonic() - call.started
     if call.died or call.stuck or any(r.status != "ok" for r in call.replies.values()):
-        raise _failure(session, call, logs, seconds)
+        raise _failure(call_record(session, call), call)
+    logs = session.logs()
     values = _values(call, [logs[r] for r in call.targets])
-    return RunResult(values, [logs[r] for r in call.targets], seconds, session.config.backend)
+    return RunResult(values, [logs[r] for r in call.targets], time.monotonic() - call.started,
+                     session.config.backend)
 
 
 def _values(call, logs: list[str]) -> list:
@@ -56,16 +56,22 @@ def _values(call, logs: list[str]) -> list:
     return values
 
 
-def _failure(session, call, logs: list[str], seconds: float) -> DistributedRunError:
+def call_record(session, call) -> RunRecord:
+    """The call as a one-shot run's record (``session.record()``): each rank's ending, and
+    the failure records and values held in memory (``files`` None)."""
+    logs = session.logs()
     judged = [_rank_record(session, call, state, logs[state.rank]) for state in session.ranks]
     raised = any(reply.status == "error" for reply in call.replies.values())
     timed_out = bool(call.stuck) and not raised and not call.died
-    record = RunRecord(replace(session.config, timeout=call.timeout),
-                       tuple(rank for rank, _ in judged), None, seconds, timed_out,
-                       dict(call.stacks), took_part=tuple(call.targets),
-                       failures={rank.rank: failure for rank, failure in judged if failure},
-                       returned=frozenset(state.rank for state in session.ranks
-                                          if _alive(call, state) and _replied_ok(call, state)))
+    return RunRecord(replace(session.config, timeout=call.timeout),
+                     tuple(rank for rank, _ in judged), None, time.monotonic() - call.started,
+                     timed_out, dict(call.stacks), took_part=tuple(call.targets),
+                     failures={rank.rank: failure for rank, failure in judged if failure},
+                     returned=frozenset(state.rank for state in session.ranks
+                                        if _alive(call, state) and _replied_ok(call, state)))
+
+
+def _failure(record: RunRecord, call) -> DistributedRunError:
     try:
         conclude(record)
     except DistributedRunError as exc:

@@ -2,9 +2,10 @@
 made to them.
 
 The processes, the run folder, the rendezvous, the output and the cleanup are a one-shot
-run's (launch/session.py): a live session only adds two pipes per rank (calls down, replies up)
-and replaces "wait until every rank exited" by "wait until every rank replied". What
-happens to the ranks after a failure is decided here and said on the exception
+run's (launch/session.py), and so is the contract (``api.LiveRunSession``). A live session
+changes only what ``Session`` declares it may: two pipes per rank (calls down, replies up:
+its ``rank_pipes``), and the public ``start`` (the ranks' ready reply is call 0) and ``wait``
+("until every rank exited" becomes "until every rank replied"). What happens to the ranks after a failure is decided here and said on the exception
 (``err.session``): ``"kept"`` (every rank answered: namespaces intact), ``"restart"`` (some
 rank cannot answer, or a group operation timed out: handle.py starts new ones) or
 ``"stopped"`` (a rank died).
@@ -22,11 +23,11 @@ from ddp_lab.launch.deadlines import CALL_SEND_WAIT_S, INTERRUPT_WAIT_S, KILL_WA
 from ddp_lab.launch.errors import describe_ranks
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.live.frames import Call, FrameReader, RankGone, Reply, send
+from ddp_lab.launch.live.outcome import call_record
 from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.session import Session
-from ddp_lab.launch.verdict.rank_state import RankState
-
+from ddp_lab.launch.verdict.record import RunRecord
 
 
 @dataclass
@@ -54,60 +55,77 @@ class CallState:
 
 
 class LiveSession(Session):
-    """``open()`` once, then ``call(kind, bodies)`` as often as wanted, then ``__exit__``."""
+    """``start()`` and ``wait()`` (ready), then ``call(kind, bodies, timeout)`` and ``wait()``
+    as often as wanted, ``record()`` for a call's verdict, then ``close()``."""
 
     def __init__(self, config):
-        super().__init__(config, payload=None)
+        super().__init__(config, payload=None, rank_pipes=self._call_pipes)
         self.frames = [FrameReader() for _ in range(config.world_size)]
         self.seq = 0
+        self.current: CallState | None = None  # the call in flight, or the latest one
         self.lost: str | None = None  # why no more calls can run (a rank died, or would not stop)
 
     # -- start ----------------------------------------------------------------------------
-    def _spawn(self, state: RankState) -> None:
-        """A one-shot rank's spawn plus the call and reply pipes (the fork server passes them
-        on)."""
-        spec = self._spec(state.rank)
-        with deferred():
-            ends = [*os.pipe(), *os.pipe(), *os.pipe()]  # output, calls, replies: (r, w) each
-            out_r, out_w, calls_r, calls_w, replies_r, replies_w = ends
-            try:
-                os.set_blocking(calls_w, False)
-                self.fds[f"calls{state.rank}"] = calls_w
-                self._cleanup.callback(self._close, f"calls{state.rank}")
-                self.output.add(out_r, owner=state.rank)
-                self.output.add(replies_r, route=self.frames[state.rank])
-                self.server.spawn(spec, [out_w, self.fds["lifeline_r"], calls_r, replies_w],
-                                  self.events)
-                self.requested += 1
-            finally:
-                for fd in (out_w, calls_r, replies_w):
-                    os.close(fd)
+    def _call_pipes(self, rank: int) -> list[int]:
+        """Calls down (this end kept, never blocking), replies up (read by the output reader
+        into the rank's frames); the rank's ends returned for the fork server to pass on."""
+        calls_r, calls_w = os.pipe()
+        self.own_fd(f"calls{rank}", calls_w)
+        os.set_blocking(calls_w, False)
+        try:
+            replies_r, replies_w = os.pipe()
+        except OSError:
+            os.close(calls_r)
+            raise
+        self.output.add(replies_r, route=self.frames[rank])
+        return [calls_r, replies_w]
 
-    def open(self) -> CallState:
-        """Start the ranks; each says it is ready (its group is up) as reply 0."""
-        self.start()
-        call = CallState(0, list(range(self.config.world_size)), self.config.timeout)
-        return self._finish(call)
+    def start(self) -> None:
+        """Start the ranks; each says it is ready (its group is up) as reply 0 of call 0,
+        which ``wait`` awaits."""
+        super().start()
+        self.current = CallState(0, list(range(self.config.world_size)), self.config.timeout)
 
     # -- a call ---------------------------------------------------------------------------
     def call(self, kind: str, bodies: dict[int, object], timeout: float) -> CallState:
-        """Send ``bodies[rank]`` to each rank in it; return once each replied, failed, died
-        or hung (then with its stack, and interrupted if it could be)."""
+        """Send ``bodies[rank]`` to each rank in it; ``wait`` then returns once each replied,
+        failed, died or hung (then with its stack, and interrupted if it could be)."""
         if self.lost:
             raise RuntimeError(self.lost)
         self.seq += 1
-        call = CallState(self.seq, sorted(bodies), timeout)
+        call = self.current = CallState(self.seq, sorted(bodies), timeout)
         self.echo = make_echo(self.config.echo)
         self._new_logs()
         try:
             for rank in call.targets:
                 self._send(call, rank, Call(call.seq, kind, bodies[rank]))
-            return self._finish(call)
-        except KeyboardInterrupt:
-            self._on_stop_button(call)
+        except BaseException as exc:
+            self._cut_short(call, exc)
             raise
-        finally:
-            self.echo.close()
+        return call
+
+    def wait(self) -> CallState:
+        """Until the current call is over (``call`` says when); the call, with its replies."""
+        call = self.current
+        if call.seq == 0:  # the ready replies: a Ctrl-C here is the start's, close follows
+            return self._finish(call)
+        try:
+            self._finish(call)
+        except BaseException as exc:
+            self._cut_short(call, exc)
+            raise
+        self.echo.close()
+        return call
+
+    def record(self) -> RunRecord:
+        """The latest call as a run record, as ``outcome.conclude`` judges a failed one."""
+        return call_record(self, self.current)
+
+    def _cut_short(self, call: CallState, exc: BaseException) -> None:
+        """A call ended by an exception: the stop button reaches its ranks; its echo ends."""
+        if isinstance(exc, KeyboardInterrupt):
+            self._on_stop_button(call)
+        self.echo.close()
 
     def _new_logs(self) -> None:
         """What the ranks printed between calls (a thread of theirs) is shown now, then
@@ -200,23 +218,9 @@ class LiveSession(Session):
         self._kill(running)
         self._settle(time.monotonic() + KILL_WAIT_S, lambda: any(s.running for s in self.ranks))
 
-    def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """As a one-shot run's, except that a live rank's file keeps its earlier dumps."""
-        from ddp_lab.launch.verdict.stacks import collect_stacks
-        offsets = {r: _size(self.files.stack(r)) for r in ranks}
-        return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files,
-                              offsets)
-
     def logs(self) -> list[str]:
         """Each rank's lines of the latest call (all ranks, in rank order)."""
         return [s.lines.text() for s in self.ranks]
-
-
-def _size(path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def stuck_report(ranks: list[int], stacks: dict[int, str]) -> str:

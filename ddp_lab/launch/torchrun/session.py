@@ -39,6 +39,7 @@ from ddp_lab.launch.deadlines import DRAIN_QUIET_S, TORCHRUN_STACK_WAIT_S, Deadl
 from ddp_lab.launch.errors import DistributedRunError
 from ddp_lab.launch.forkserver.process_tree import (kill_tree, send, send_to_main_thread,
                                                       wait_gone)
+from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.output.reader import Output, OutputReader
@@ -48,20 +49,10 @@ from ddp_lab.launch.rank.limits import apply_limits
 from ddp_lab.launch.torchrun.agent import FAILURES_FILE
 from ddp_lab.launch.torchrun.failures import read_agent_failures
 from ddp_lab.launch.torchrun.tee import PREFIX_TEMPLATE, TeeDemux, last_failure
-from ddp_lab.launch.verdict.outcome import RunResult, conclude
 from ddp_lab.launch.verdict.rank_state import RankState
 from ddp_lab.launch.verdict.record import RunRecord
 
 STOPPED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL)  # how torchrun stops a worker's peers
-
-
-def run_with_torchrun(config: LaunchConfig) -> RunResult:
-    """What ``run_script(..., launcher="torchrun")`` does once its input is checked."""
-    __tracebackhide__ = True
-    with TorchrunSession(config) as session:
-        session.start()
-        session.wait()
-        return conclude(session.record())
 
 
 def torchrun_args(config: LaunchConfig, log_dir: str) -> list[str]:
@@ -82,40 +73,45 @@ def agent_env(config: LaunchConfig, run_dir: str) -> dict[str, str]:
 
 
 class TorchrunSession:
-    """Use as ``with TorchrunSession(config) as s: s.start(); s.wait()``, then
-    ``s.record()`` for ``outcome.conclude``, as with ``session.Session``."""
+    """``api.drive(TorchrunSession(config))``: the session contract (``api.RunSession``:
+    start, wait, record, close) on torchrun's agent; ``__enter__`` creates nothing, ``start``
+    registers each thing it makes for ``close`` with Ctrl-C held back in between."""
 
     def __init__(self, config: LaunchConfig):
         self.config = config
         self.ranks = RankState.of_run(config)
         self.agent_lines: list[str] = []  # the agent's own (unprefixed) output
-        self.output = OutputReader()
+        self.output: OutputReader | None = None  # set by start, as the three below
         self.echo = make_echo(config.echo)
         self.timed_out = False
         self.stacks: dict[int, str] = {}
         self.failures: dict[int, RankFailure] = {}  # read from the ranks' logs by _settle
         self.seconds = 0.0
         self.agent: subprocess.Popen | None = None
-        self.run_dir = self.files = self.log_dir = None  # set by __enter__
+        self.run_dir = self.files = self.log_dir = None
         self.started: float | None = None  # set by start
         self.ends_at = math.inf  # the deadline, then the end of reading what the killed printed
         self.drained = False
 
     def __enter__(self) -> "TorchrunSession":
-        self.run_dir = new_run_dir()
-        self.files = RunFiles(self.run_dir)
-        self.log_dir = os.path.join(self.run_dir, "torchrun")
-        return self
+        return self  # creates nothing: once the with-block is entered, close will run
 
     def start(self) -> None:
         from ddp_lab.launch.network.isolation import prefix
+        with deferred():
+            self.run_dir = new_run_dir()
+        self.files = RunFiles(self.run_dir)
+        self.log_dir = os.path.join(self.run_dir, "torchrun")
+        with deferred():
+            self.output = OutputReader()
         command = [*prefix(wildcard=True), sys.executable, "-m",
                    "ddp_lab.launch.torchrun.agent", *torchrun_args(self.config, self.log_dir)]
         self.started = time.monotonic()
         env = agent_env(self.config, self.run_dir)
-        self.agent = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                      env=env)
+        with deferred():
+            self.agent = subprocess.Popen(command, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          start_new_session=True, env=env)
         if hasattr(resource, "prlimit"):  # Linux: no core files when a stuck worker is
             resource.prlimit(self.agent.pid, resource.RLIMIT_CORE, (0, 0))  # sent SIGABRT
             # before the agent (importing torch for seconds) starts a worker, who inherits them
@@ -226,17 +222,24 @@ class TorchrunSession:
 
     # -- cleanup ------------------------------------------------------------------------
     def __exit__(self, *exc) -> None:
-        try:
-            if self.agent is not None:
-                if self.agent.poll() is None:
-                    kill_tree(self.agent.pid)
-                self.agent.wait()
-                self.agent.stdin.close()
-                self.agent.stdout.close()
-        finally:
-            self.output.close()
-            self.echo.close()
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.close()
+
+    def close(self) -> None:
+        """The agent's process tree killed, its pipes closed, the run folder removed."""
+        with deferred():  # a second Ctrl-C must not cut cleanup short; it is raised after
+            try:
+                if self.agent is not None:
+                    if self.agent.poll() is None:
+                        kill_tree(self.agent.pid)
+                    self.agent.wait()
+                    self.agent.stdin.close()
+                    self.agent.stdout.close()
+            finally:
+                if self.output is not None:
+                    self.output.close()
+                self.echo.close()
+                if self.run_dir is not None:
+                    shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def _workers_by_rank(agent_pid: int) -> dict[int, int]:
