@@ -42,16 +42,19 @@ class RunSession(Protocol):
     def wait(self) -> object:
         """Stream the ranks' output to the cell until the call is over: every rank exited
         (one-shot), or replied, failed, died or hung (live), enforcing the call's timeout and
-        the grace after a first failure. A failure does not raise here: ``record`` says it."""
+        the grace after a first failure. A rank's failure does not raise here (``record``
+        says it); a fork server that stops answering does (``ForkServerUnresponsive``)."""
 
     def record(self) -> RunRecord:
         """The finished call for ``outcome.conclude``: how each rank ended, its output, its
-        value and failure records. Call it before ``close``, which removes the run folder."""
+        value and failure records (in the run folder, or held in memory). Call it before
+        ``close``, which removes the run folder."""
 
     def close(self) -> None:
         """Kill every rank still running and remove all the run made (processes, pipes,
         folder, network); nothing is left. Ctrl-C is held back until it is done, then
-        raised. Bounded: a fork server that stops answering is killed with its ranks."""
+        raised. Bounded whatever the ranks do: a fork server or torchrun agent that does not
+        stop is killed with its ranks."""
 
     def __enter__(self): ...
 
@@ -60,14 +63,14 @@ class RunSession(Protocol):
 
 @runtime_checkable
 class LiveRunSession(RunSession, Protocol):
-    """Live ranks: ``start`` also awaits each rank's ready reply (its group is up), which
-    ``wait`` returns; then any number of ``call`` + ``wait``; a one-shot session's call is
-    the implicit one ``start`` makes."""
+    """Live ranks: ``start`` makes call 0 (each rank replies once its group is up), which
+    ``wait`` awaits and returns; then any number of ``call`` + ``wait``. A one-shot
+    session's one call is the implicit one its ``start`` makes."""
 
     def call(self, kind: str, bodies: dict[int, object], timeout: float) -> object:
         """Send ``bodies[rank]`` to each rank in it (``wait`` then awaits the replies).
-        Raises RuntimeError once the ranks are lost (a rank died: restart); Ctrl-C while it
-        sends interrupts the ranks already called, as in ``wait``."""
+        Raises RuntimeError once the ranks are lost (a rank died: restart). Ctrl-C here or
+        in ``wait`` is the stop button: SIGINT to the call's ranks still in it, then raised."""
 
 
 def drive(session: RunSession) -> RunResult:

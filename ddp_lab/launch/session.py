@@ -9,7 +9,7 @@ server do: it ends within ``timeout`` + ``deadlines.BOUND_SLACK_S`` (a server th
 answering is killed with its ranks, and the run raises ``ForkServerUnresponsive``).
 
 It keeps the session contract (``api.RunSession``, run by ``api.drive``). A live session
-(live/session.py) changes what ``rank_pipes`` and the public ``start`` and ``wait`` declare.
+(live/session.py) changes what ``rank_pipes`` and the public ``start``, ``wait``, ``record`` do.
 """
 
 from __future__ import annotations

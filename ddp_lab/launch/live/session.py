@@ -4,11 +4,12 @@ made to them.
 The processes, the run folder, the rendezvous, the output and the cleanup are a one-shot
 run's (launch/session.py), and so is the contract (``api.LiveRunSession``). A live session
 changes only what ``Session`` declares it may: two pipes per rank (calls down, replies up:
-its ``rank_pipes``), and the public ``start`` (the ranks' ready reply is call 0) and ``wait``
-("until every rank exited" becomes "until every rank replied"). What happens to the ranks after a failure is decided here and said on the exception
-(``err.session``): ``"kept"`` (every rank answered: namespaces intact), ``"restart"`` (some
-rank cannot answer, or a group operation timed out: handle.py starts new ones) or
-``"stopped"`` (a rank died).
+its ``rank_pipes``), and the public ``start`` (the ranks' ready reply is call 0), ``wait``
+("until every rank exited" becomes "until every rank replied") and ``record`` (a call's,
+held in memory: live/outcome.py). What happens to the ranks after a failure is decided
+here and said on the exception (``err.session``): ``"kept"`` (every rank answered:
+namespaces intact), ``"restart"`` (some rank cannot answer, or a group operation timed out:
+handle.py starts new ones) or ``"stopped"`` (a rank died).
 """
 
 from __future__ import annotations
