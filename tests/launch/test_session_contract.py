@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 from dataclasses import replace
 
 import pytest
@@ -126,3 +127,29 @@ def test_drive_runs_a_torchrun_session(tmp_path):
     cfg = replace(config(script=(str(script), [])), backend="gloo")  # as api resolves "auto"
     res = drive(TorchrunSession(cfg))
     assert res.logs == ["hello", "hello"]
+
+
+class InterruptedEcho:
+    """The echo a session closes while it cleans up, hit by Ctrl-C right then."""
+
+    def show(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("kind", ["one-shot", "live", "torchrun"])
+def test_close_finishes_its_cleanup_before_it_raises_a_ctrl_c(kind, tmp_path):
+    """Ctrl-C held back while ``close`` runs: the run folder and every descriptor are gone
+    before the KeyboardInterrupt is raised (here, Ctrl-C as its echo is closed)."""
+    sleeping = pickle_payload(workers.write_pid_and_sleep, (str(tmp_path),), {})
+    session = {"one-shot": lambda: Session(prepare(config()), sleeping),
+               "live": lambda: LiveSession(prepare(config())),
+               "torchrun": lambda: sessions(tmp_path)["torchrun"]}[kind]()
+    with pytest.raises(KeyboardInterrupt):
+        with session:
+            session.start()
+            session.echo = InterruptedEcho()
+    assert not os.path.exists(session.run_dir)
+    assert not getattr(session, "fds", None)
