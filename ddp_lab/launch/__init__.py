@@ -3,7 +3,8 @@
 The entry points are on top; everything else is in rooms that follow a run. Read
 ``ddp_lab.run`` from call to result in this order:
 
-1. ``api`` (``run``, ``run_script``, ``launch``: what they share), ``mp_spawn`` (``spawn``,
+1. ``api`` (``run``, ``run_script``, ``launch``: what they share; the session
+   contract ``RunSession``/``LiveRunSession`` and its one driver ``drive``), ``mp_spawn`` (``spawn``,
    the ``torch.multiprocessing.spawn`` drop-in), ``checks`` (bad input, before any process;
    ``backends``: what "auto" picks), ``payload`` (what travels to the ranks).
 2. ``config`` (what the kernel and the ranks share: settings, one rank's instructions and
