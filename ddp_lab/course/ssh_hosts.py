@@ -77,6 +77,12 @@ class SshHosts:
         launcher that builds its own ssh command lines."""
         return ["-F", str(self.config)]
 
+    @property
+    def via(self) -> str:
+        """The bed as a ``via=`` command template (``{host}``, ``{command}``), for a
+        launcher that takes the user's own way to reach a host."""
+        return f"ssh -F {shlex.quote(str(self.config))} {{host}} {{command}}"
+
     def prefix(self, host: Host | str) -> list[str]:
         """``ssh`` to ``host`` as argv: append the remote command as one string."""
         return ["ssh", *self.options, self.host(host).name]
