@@ -15,6 +15,7 @@ It keeps the session contract (``api.RunSession``, run by ``api.drive``). A live
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import queue
@@ -47,19 +48,22 @@ class Session:
     pid in ``ranks``, then ``deadline``), the run (``killed``, ``timed_out``, ``stacks``,
     ``seconds``), cleanup (``run_ended``). Every attribute is set here, None until then.
     ``rank_pipes(rank)``: a rank's extra pipes (made with Ctrl-C held back, own ends kept by
-    ``own_fd``); returns the rank's ends, passed after output and lifeline, then closed."""
+    ``own_fd``); returns the rank's ends, passed after output and lifeline, then closed.
+    ``echo_to()``: a new echo (default: the cell's; an agent's: to its controller)."""
 
     def __init__(self, config: LaunchConfig, payload: bytes | None, called: float | None = None,
-                 *, rank_pipes: Callable[[int], list[int]] | None = None):
+                 *, rank_pipes: Callable[[int], list[int]] | None = None,
+                 echo_to: Callable[[], object] | None = None):
         self.config = config
         self.payload = payload
         self.rank_pipes = rank_pipes
         self.ranks = RankState.of_run(config)
         self.events: queue.Queue = queue.Queue()  # the fork server's answers (protocol.py)
-        self.echo = make_echo(config.echo)
+        self.new_echo = echo_to or functools.partial(make_echo, config.echo)
+        self.echo = self.new_echo()
         self._cleanup = contextlib.ExitStack()
-        self.run_dir = self.files = self.output = self.server = None  # set up: _set_up
-        self.clock = self.base_env = self.net_reply = None
+        self.run_dir = self.files = self.output = self.server = self.clock = None  # _set_up
+        self.base_env = self.net_reply = None
         self.fds: dict[str, int] = {}  # closed once, by name: a number may be reused at once
         self.requested = 0  # spawn requests sent (ranks[:requested] have a pid, or will)
         self.deadline: Deadline | None = None
@@ -100,23 +104,23 @@ class Session:
         self._set_up_network()
 
     def _set_up_network(self) -> None:
-        """The fork server hosts the run's store in its private network, where the ranks
-        reach it and nobody else can (network/isolation.py), after building what the run's
-        placement plans (a shaped run: the links, the store on their bridge). End-run takes
-        them down (server.py)."""
+        """The placement's store (on the first host), or the fork server's (isolation.py)."""
         placement = self.config.placement
-        plan = placement.link_plan(self.config.world_size)
         self.server = fork_server_for(placement)
         self._cleanup.callback(self.server.forget_run, self.run_dir)
-        self.server.wait_ready()  # a new one imports torch first (seconds, many more on
-        # busy cores), which is not the run's time and must not eat a short timeout
+        self.server.wait_ready()  # a new one imports torch first: not the run's time
         self.clock = StartClock(entered=time.monotonic(), timeout=self.config.timeout)
+        host, port = placement.store or self._hosted_store(placement)
+        self.base_env = run_env(self.config, port, self.run_dir, address=host)
+
+    def _hosted_store(self, placement) -> tuple[str, int]:
+        """Opened by the fork server after what the placement plans (a shaped run's links)."""
+        plan = placement.link_plan(self.config.world_size)
         self.server.net_up(self.run_dir, self.config.world_size, plan, self.events)
         self._await(lambda: self.net_reply is None, "while setting up the run's rendezvous")
         if self.net_reply.error:
             raise placement.not_built(self.net_reply.error)
-        host, port = self.net_reply.address
-        self.base_env = run_env(self.config, port, self.run_dir, address=host)
+        return self.net_reply.address
 
     def _spawn(self, state: RankState) -> None:
         spec = rank_spec(self.config, state.rank, self.run_dir, self.base_env)
@@ -155,8 +159,7 @@ class Session:
                               lambda: [s.rank for s in self.ranks if s.running],
                               enabled=self.config.echo)
         self.loop(heartbeat).run(lambda: any(s.running for s in self.ranks), self._enforce)
-        # every rank exited, so all it printed is in its pipe, maybe much of it unread (the
-        # echo may lag): read it all before the run returns, or res.logs lose their tails
+        # all they printed is in the pipes, maybe unread: res.logs must keep their tails
         for out in self.output.read_to_the_end(DRAIN_QUIET_S, self.clock.limit):
             self._show(out)
         self.seconds = time.monotonic() - self.called
@@ -223,13 +226,11 @@ class Session:
                 self.net_reply = event
 
     def _all_exited(self) -> None:
-        for state in self.ranks:
-            if state.exit_time is None:
-                state.exit_time = time.monotonic()
+        for state in (s for s in self.ranks if s.exit_time is None):
+            state.exit_time = time.monotonic()
 
     def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Each rank's stack now. A rank's file keeps every dump (a live rank is asked once
-        per hung call): read only this one, from where the file ends now."""
+        """Each rank's stack now: a rank's file keeps every dump, read from its end now."""
         from ddp_lab.launch.verdict.stacks import collect_stacks
         offsets = {r: path.stat().st_size for r in ranks if (path := self.files.stack(r)).exists()}
         return collect_stacks(self.server, {r: self.ranks[r].pid for r in ranks}, self.files,

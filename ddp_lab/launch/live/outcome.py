@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ddp_lab.launch.errors import (DistributedRunError, UnreadableResult, describe_exit,
                                    describe_ranks, safe_message)
-from ddp_lab.launch.rank.failure import RankFailure, read_failure
+from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.verdict.outcome import RunResult, conclude
 from ddp_lab.launch.verdict.record import RankRecord, RunRecord
 
@@ -85,7 +85,7 @@ def _rank_record(session, call, state, log: str) -> tuple[RankRecord, RankFailur
     rank, reply = state.rank, call.replies.get(state.rank)
     if not _alive(call, state):  # its failure, if any, is in its file: e.g. the group's set-up
         return (RankRecord(rank, state.exitcode, state.exit_time, state.stopped_by_launcher, log),
-                read_failure(session.files.error(rank)))
+                session.dead_rank_failure(rank))
     if reply is None and rank in call.targets:  # stuck, not interruptible: to be killed
         return RankRecord(rank, KILLED, time.monotonic(), True, log), None
     if _replied_ok(call, state):

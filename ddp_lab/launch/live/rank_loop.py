@@ -67,7 +67,7 @@ def serve(spec, calls_fd: int, replies_fd: int) -> int:
     """Answer calls until the pipe closes; the exit code of the rank. Errors, values and
     streams are handled as the one-shot rank's (rank/main.py: one home for each); the
     first reply says the group is ready."""
-    namespace = fresh_namespace(spec.rank, spec.world_size)
+    namespace = fresh_namespace()
     guard = _CallGuard(RunFiles(spec.run_dir))
     send(replies_fd, Reply(0, spec.rank, "ok", cloudpickle.dumps(None)), NEVER)
     while True:
@@ -84,12 +84,13 @@ def serve(spec, calls_fd: int, replies_fd: int) -> int:
         send(replies_fd, reply, NEVER)
 
 
-def fresh_namespace(rank: int, world_size: int) -> dict:
-    """What ``ranks.exec`` code finds ready: torch, dist, rank, world_size."""
+def fresh_namespace() -> dict:
+    """What ``ranks.exec`` code finds ready: torch, dist, rank, world_size (the group's:
+    across hosts, the global numbers, where the session's own count is the host's)."""
     import torch
     import torch.distributed as dist
-    return {"__name__": "__ddp_rank__", "torch": torch, "dist": dist, "rank": rank,
-            "world_size": world_size}
+    return {"__name__": "__ddp_rank__", "torch": torch, "dist": dist,
+            "rank": dist.get_rank(), "world_size": dist.get_world_size()}
 
 
 def _answer(call: Call, rank: int, namespace: dict, guard: _CallGuard) -> Reply:

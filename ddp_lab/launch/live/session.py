@@ -25,7 +25,7 @@ from ddp_lab.launch.errors import describe_ranks
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.live.frames import Call, FrameReader, RankGone, Reply, send
 from ddp_lab.launch.live.outcome import call_record
-from ddp_lab.launch.output.echo import make_echo
+from ddp_lab.launch.rank.failure import read_failure
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.session import Session
 from ddp_lab.launch.verdict.record import RunRecord
@@ -59,8 +59,8 @@ class LiveSession(Session):
     """``start()`` and ``wait()`` (ready), then ``call(kind, bodies, timeout)`` and ``wait()``
     as often as wanted, ``record()`` for a call's verdict, then ``close()``."""
 
-    def __init__(self, config):
-        super().__init__(config, payload=None, rank_pipes=self._call_pipes)
+    def __init__(self, config, echo_to=None):
+        super().__init__(config, payload=None, rank_pipes=self._call_pipes, echo_to=echo_to)
         self.frames = [FrameReader() for _ in range(config.world_size)]
         self.seq = 0
         self.current: CallState | None = None  # the call in flight, or the latest one
@@ -95,7 +95,7 @@ class LiveSession(Session):
             raise RuntimeError(self.lost)
         self.seq += 1
         call = self.current = CallState(self.seq, sorted(bodies), timeout)
-        self.echo = make_echo(self.config.echo)
+        self.echo = self.new_echo()
         self._new_logs()
         try:
             for rank in call.targets:
@@ -218,6 +218,11 @@ class LiveSession(Session):
             state.stopped_by_launcher = True
         self._kill(running)
         self._settle(time.monotonic() + KILL_WAIT_S, lambda: any(s.running for s in self.ranks))
+
+    def dead_rank_failure(self, rank: int):
+        """What a rank that died left in its error file (the group's set-up failed), if
+        anything (a RankFailure or None)."""
+        return read_failure(self.files.error(rank))
 
     def logs(self) -> list[str]:
         """Each rank's lines of the latest call (all ranks, in rank order)."""

@@ -11,12 +11,15 @@ A placement answers what a run needs from it:
 - ``link_plan``: what the fork server builds before the first rank (None: nothing);
 - ``rank_netns`` and ``interface``: whether each rank is forked into a namespace of its
   own, and the interface gloo and NCCL use there (None: this machine's loopback);
-- ``not_built``: the error when the server could not set the run's network up.
+- ``not_built``: the error when the server could not set the run's network up;
+- ``store``: where the run's store already listens (None: the fork server hosts one);
+- ``rank_env``: a rank's environment as the placement numbers it (one machine: as is).
 
-Two exist: ``OnLoopback`` (every run: the private namespace of isolation.py, one
-loopback) and ``OnShapedLinks`` (``network=``: a shaped link per rank, setting.py and
-switch.py). Ranks on other hosts (``hosts=[...]``, ``nproc_per_node``, ``via``) will be a
-third: an agent per host as its server, the host's interface, TCP and so gloo.
+Three exist: ``OnLoopback`` (every run: the private namespace of isolation.py, one
+loopback), ``OnShapedLinks`` (``network=``: a shaped link per rank, setting.py and
+switch.py) and ``OnHost``: one host's share of ranks spread over several hosts
+(``hosts=[...]``), placed there by that host's agent (remote/agent.py), in the host's own
+network, its store on the first host.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ def shaped_prefix() -> tuple[str, ...]:
 
 PRIVATE_SERVER = ServerKind("private", private_prefix)
 SHAPED_SERVER = ServerKind("shaped", shaped_prefix)
+# A host's agent forks its ranks in the host's own network: they reach the other hosts'
+# ranks and the store on the first host, which a private namespace would cut them off from.
+HOST_SERVER = ServerKind("host", tuple)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,11 @@ class OnLoopback:
 
     def not_built(self, error: str) -> Exception:
         return RuntimeError(f"the ddp_lab fork server could not host the run's store: {error}")
+
+    store = None  # the fork server hosts it
+
+    def rank_env(self, env: dict, rank: int) -> dict:
+        return env
 
 
 @dataclass(frozen=True)
@@ -103,8 +114,53 @@ class OnShapedLinks:
     def not_built(self, error: str) -> Exception:
         return not_built(error)
 
+    store = None  # the fork server hosts it, on the switch's bridge
 
-Placement = OnLoopback | OnShapedLinks
+    def rank_env(self, env: dict, rank: int) -> dict:
+        return env
+
+
+@dataclass(frozen=True)
+class OnHost:
+    """This host's ranks, ``first_rank`` on, of ``world_size`` spread over ``host_count``
+    hosts: forked by the agent's fork server in the host's network, gloo on ``interface``
+    (the one that reaches the controller and the other hosts), the store at ``store`` on
+    the first host. The agent's session counts its ranks from 0 (its files, its pipes);
+    the ranks see the global numbering, as torchrun's workers on several nodes do."""
+
+    store: tuple[str, int]
+    interface: str
+    first_rank: int
+    world_size: int
+    host_index: int
+    host_count: int
+    network = None
+    server = HOST_SERVER
+    rank_netns = False
+
+    def allow(self, backend: str, launcher: str = "ddp_lab") -> None:
+        """Any backend the host's ranks can run; the controller checked the launcher."""
+
+    def run_backend(self, resolved: str) -> str:
+        return resolved
+
+    def link_plan(self, world_size: int) -> None:
+        return None
+
+    def not_built(self, error: str) -> Exception:
+        return RuntimeError(error)  # never: the store is the first host's agent's
+
+    def rank_env(self, env: dict, rank: int) -> dict:
+        """torchrun's variables for global rank ``first_rank + rank`` on this host."""
+        local_size = env["LOCAL_WORLD_SIZE"]
+        rank_id, world = str(self.first_rank + rank), str(self.world_size)
+        return {**env, "RANK": rank_id, "ROLE_RANK": rank_id, "WORLD_SIZE": world,
+                "ROLE_WORLD_SIZE": world, "GROUP_RANK": str(self.host_index),
+                "LOCAL_WORLD_SIZE": local_size, "LOCAL_RANK": str(rank),
+                "GROUP_WORLD_SIZE": str(self.host_count)}
+
+
+Placement = OnLoopback | OnShapedLinks | OnHost
 LOOPBACK = OnLoopback()
 
 
