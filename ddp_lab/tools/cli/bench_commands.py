@@ -96,12 +96,23 @@ def _add_network(which) -> None:
 def _add_ranks(which) -> None:
     p = add_command(
         which, "ranks", "a call to live ranks (ddp_lab.Ranks) vs ipyparallel's engines vs a "
-                        "warm ddp_lab.run",
+                        "warm ddp_lab.run; --hosts: across two ssh hosts",
         "Time one call to live ranks (ddp_lab.Ranks), a trivial one and an all_reduce, "
         "against ipyparallel's engines holding a gloo group and against a warm "
-        "ddp_lab.run. Needs `pip install ipyparallel` (its only use in the course).")
-    p.add_argument("-n", "--world-size", type=int, default=4, help="number of ranks")
-    p.add_argument("--repeats", type=int, default=200, help="timed calls of each kind")
+        "ddp_lab.run. Needs `pip install ipyparallel` (its only use in the course)."
+        "\n\n"
+        "With --hosts: live ranks on two hosts reached through real ssh (the course's ssh "
+        "test bed: network namespaces running OpenSSH's server; needs root), --per-host "
+        "ranks on each, against as many live ranks on this machine and against "
+        "ipyparallel's engines started on the same hosts through the same ssh. Exits 1 "
+        "when it prints MISSED, 2 when it cannot run here (it says what to install or do).")
+    p.add_argument("-n", "--world-size", type=int, default=4,
+                   help="number of ranks (without --hosts)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed calls of each kind (default: 200; 100 with --hosts)")
+    p.add_argument("--hosts", action="store_true",
+                   help="across two ssh hosts, against ipyparallel on the same hosts")
+    p.add_argument("--per-host", type=int, default=2, help="ranks on each host (--hosts)")
     p.set_defaults(handler=_cmd_ranks)
 
 
@@ -148,8 +159,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_ranks(args: argparse.Namespace) -> int:
+    if args.hosts:
+        from ddp_lab.tools import bench_ranks_hosts
+        return bench_ranks_hosts.main(per_host=args.per_host,
+                                      repeats=100 if args.repeats is None else args.repeats)
     from ddp_lab.tools import bench_ranks
-    return bench_ranks.main(world_size=args.world_size, repeats=args.repeats)
+    return bench_ranks.main(world_size=args.world_size,
+                            repeats=200 if args.repeats is None else args.repeats)
 
 
 def _cmd_allreduce(args: argparse.Namespace) -> int:
