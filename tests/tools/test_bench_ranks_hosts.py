@@ -9,9 +9,12 @@ from __future__ import annotations
 import glob
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import psutil
 import pytest
@@ -105,6 +108,37 @@ def test_nothing_is_left_when_the_body_raises(ending):
                 pids = [pid for _, pid in call(_where_and_who)]
                 raise ending("the body failed")
         assert not wait_gone(pids), "an engine outlived the bench"
+        assert not _engines_on(bed) and not _left_here()
+        assert set(glob.glob(FOLDERS)) == folders
+    assert not set(bed.namespaces) & set(netns.list_namespaces())
+
+
+def _engines_on(bed) -> list[int]:
+    """Pids of ipyparallel's processes (engines, nannies) in the bed's hosts' namespaces."""
+    found = []
+    for host in bed.hosts:
+        for pid in netns._pids_in((netns.NETNS_RUN / host.netns).stat().st_ino):
+            try:
+                if "ipyparallel" in " ".join(psutil.Process(pid).cmdline()):
+                    found.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+    return found
+
+
+def test_ctrl_c_while_the_engines_start_leaves_nothing():
+    """SIGINT a moment after the start began (while the controller or the engines start,
+    or in the body if the start was quicker): the same clean ending, on the hosts too."""
+    _needs_bed_and_ipyparallel()
+    folders = set(glob.glob(FOLDERS))
+    with ssh_hosts(count=2) as bed:
+        interrupt = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.start()
+            with bench.ipyparallel_on_hosts(bed, per_host=2):
+                time.sleep(60)
+        interrupt.join()
+        assert not wait_gone(_engines_on(bed)), "an engine outlived the interrupted start"
         assert not _left_here()
         assert set(glob.glob(FOLDERS)) == folders
     assert not set(bed.namespaces) & set(netns.list_namespaces())
