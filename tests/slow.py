@@ -124,7 +124,6 @@ SLOW = {
         "test_engines_on_the_hosts_answer_in_rank_order_and_all_reduce_across_them": 10,
         "test_nothing_is_left_when_the_body_raises": 9,
         "test_the_controller_listens_on_the_link_only": 9,
-        "test_ctrl_c_while_the_engines_start_leaves_nothing": 5,
         "test_the_whole_bench_in_one_run": 60,  # estimated: skipped until Ranks(hosts=)
     },
 }
