@@ -107,7 +107,10 @@ RANK_MAY_IMPORT = {"ddp_lab.launch.config", "ddp_lab.launch.errors"}
 # Module names the launcher holds more than once, each for the same part in its own folder.
 SAME_PART = {
     "session": {"ddp_lab.launch.session", "ddp_lab.launch.live.session",
-                "ddp_lab.launch.torchrun.session"},  # one run: fork server, live, torchrun
+                "ddp_lab.launch.torchrun.session",
+                "ddp_lab.launch.remote.session"},  # one run: fork server, live, torchrun, hosts
+    "agent": {"ddp_lab.launch.torchrun.agent",
+              "ddp_lab.launch.remote.agent"},  # a host's: torchrun's elastic agent, ddp_lab's
     "outcome": {"ddp_lab.launch.verdict.outcome",
                 "ddp_lab.launch.live.outcome"},  # a run's, a live call's
 }

@@ -27,19 +27,31 @@ MAX_ENV_TOTAL = 512 * 1024
 
 
 def checked_config(world_size, backend="auto", timeout=60.0, env=None, *, echo=True,
-                   network=None, script=None, init_group=True) -> LaunchConfig:
+                   network=None, script=None, init_group=True, hosts=None) -> LaunchConfig:
     """The run's settings from the caller's own arguments (run, run_script, spawn, Ranks),
     each checked here and in this order, so that every entry point refuses the same bad input
     with the same words, before any process starts. ``script``: run_script's (path,
     script_args) as given (None: a function runs); ``init_group=False``: fn joins the group
-    itself (spawn)."""
+    itself (spawn). ``hosts``: ``(hosts, nproc_per_node, via, controller)`` as given (ranks
+    on other hosts: remote/launchers.py), None: this machine."""
     path, script_args = (None, ()) if script is None else check_script(*script)
     world_size, backend = check_world_size(world_size), check_backend(backend)
     timeout, env = check_timeout(timeout), check_env(env)
+    if hosts is None:
+        placement = checked_placement(network, world_size, backend)
+    else:
+        placement = _checked_hosts(network, hosts, world_size)
     return LaunchConfig(world_size=world_size, backend=backend, timeout=timeout, env=env,
                         echo=bool(echo), script=path, script_args=script_args,
-                        init_group=init_group,
-                        placement=checked_placement(network, world_size, backend))
+                        init_group=init_group, placement=placement)
+
+
+def _checked_hosts(network, hosts: tuple, world_size: int):
+    from ddp_lab.launch.remote.launchers import checked_hosts
+    if network is not None:
+        raise ValueError("network= shapes links between ranks on this machine; with hosts= "
+                         "the ranks talk over the hosts' own network: give one of the two")
+    return checked_hosts(*hosts, world_size)
 
 
 def check_world_size(world_size) -> int:

@@ -7,6 +7,10 @@ process group, until ``close()``.
     ranks.pull("model")                           # one value per rank
     ranks.close()                                 # or: with ddp_lab.Ranks(4) as ranks: ...
 
+On several hosts, ``ddp_lab.Ranks(4, hosts=["node0", "node1"], nproc_per_node=2,
+via="ssh")`` starts an agent on each host (through ssh, ``via="slurm"`` srun, or a
+template of yours) that forks that host's ranks (remote/session.py); every call works the same.
+
 Every call raises what ``ddp_lab.run`` raises for the same failure (``WorkerError``,
 ``WorkerTimeout``), with ``err.session`` saying what became of the ranks: ``"kept"`` (every
 rank answered; namespaces intact), ``"restart"`` (a rank could not be interrupted, or a
@@ -18,11 +22,13 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from dataclasses import replace
 
 from ddp_lab.launch import checks
 from ddp_lab.launch.api import interactive_sources, pickle_payload, prepare
 from ddp_lab.launch.live.outcome import verdict
 from ddp_lab.launch.live.session import LiveSession
+from ddp_lab.launch.network.placement import OnHosts
 from ddp_lab.launch.payload import remember_source
 from ddp_lab.launch.verdict.outcome import RunResult
 
@@ -33,11 +39,14 @@ class Ranks:
     """Live ranks: ``run``, ``exec``, ``pull``, ``push``, ``restart``, ``close``."""
 
     def __init__(self, world_size: int = 4, backend: str = "auto", network=None,
-                 timeout: float = 60.0, env=None, *, echo: bool = True):
+                 timeout: float = 60.0, env=None, *, echo: bool = True, hosts=None,
+                 nproc_per_node=None, via: str = "ssh", controller=None):
         __tracebackhide__ = True
-        self._config = prepare(checks.checked_config(world_size, backend, timeout, env,
-                                                     echo=echo, network=network))
-        self._session: LiveSession | None = None
+        on_hosts = None if hosts is None else (hosts, nproc_per_node, via, controller)
+        self._config = _prepared(checks.checked_config(world_size, backend, timeout, env,
+                                                       echo=echo, network=network,
+                                                       hosts=on_hosts))
+        self._session = None
         self._start()
 
     # -- the calls ------------------------------------------------------------------------
@@ -113,7 +122,7 @@ class Ranks:
     # -- inside ---------------------------------------------------------------------------
     def _start(self) -> None:
         __tracebackhide__ = True
-        session = LiveSession(self._config)
+        session = _new_session(self._config)
         finalizer = weakref.finalize(self, session.close)
         try:  # the finalizer also runs at the interpreter's exit: a kernel that shuts down
             session.start()
@@ -175,6 +184,21 @@ class Ranks:
             raise ValueError(f"on={on!r} must name ranks of these {self.world_size} live "
                              f"ranks (0 to {self.world_size - 1})")
         return sorted(set(ranks))
+
+
+def _prepared(config):
+    """The config the ranks get: this machine's checks (api.prepare), or for other hosts
+    the backend alone ("auto" there is gloo: this machine's GPUs say nothing of theirs)."""
+    if isinstance(config.placement, OnHosts):
+        return replace(config, backend="gloo" if config.backend == "auto" else config.backend)
+    return prepare(config)
+
+
+def _new_session(config):
+    if isinstance(config.placement, OnHosts):
+        from ddp_lab.launch.remote.session import RemoteSession
+        return RemoteSession(config)
+    return LiveSession(config)
 
 
 def _pickled(values: dict) -> bytes:

@@ -192,7 +192,8 @@ class LiveSession(Session):
         with deferred():
             self._interrupt(call)
             if call.pending and not call.died:  # as a hang: where they wait, then restart
-                self.lost = stuck_report(call.pending, self._collect_stacks(call.pending))
+                call.stacks = self._collect_stacks(call.pending)
+                self.lost = stuck_report(call.pending, call.stacks)
             elif call.died:
                 self.lost = f"rank {call.died[0]} died at the interrupt"
 

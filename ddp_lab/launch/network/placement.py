@@ -160,7 +160,38 @@ class OnHost:
                 "GROUP_WORLD_SIZE": str(self.host_count)}
 
 
-Placement = OnLoopback | OnShapedLinks | OnHost
+@dataclass(frozen=True)
+class OnHosts:
+    """The controller's view of ranks on several hosts: ``nproc`` on each of ``names`` (in
+    rank order), an agent per host started by ``template`` (remote/launchers.py), calling
+    back to ``controller`` (this machine's address as the hosts reach it); the ranks start
+    in ``cwd`` (hosts share the notebook's files). The agents place them (``OnHost``)."""
+
+    names: tuple[str, ...]
+    nproc: int
+    template: str
+    controller: str
+    cwd: str
+    network = None
+    rank_netns = False
+    interface = None
+    store = None
+
+    def allow(self, backend: str, launcher: str = "ddp_lab") -> None:
+        if launcher != "ddp_lab":
+            raise ValueError("hosts= works with launcher='ddp_lab' only")
+
+    def run_backend(self, resolved: str) -> str:
+        return resolved
+
+    def first_ranks(self) -> list[int]:
+        return [index * self.nproc for index in range(len(self.names))]
+
+    def ranks_of(self, index: int) -> range:
+        return range(index * self.nproc, (index + 1) * self.nproc)
+
+
+Placement = OnLoopback | OnShapedLinks | OnHost | OnHosts
 LOOPBACK = OnLoopback()
 
 

@@ -117,6 +117,11 @@ class Channel:
         return self._sock.fileno()
 
     @property
+    def local_address(self) -> str:
+        """This end's IP address: an agent's, the host's address on the controller's network."""
+        return self._sock.getsockname()[0]
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
