@@ -121,10 +121,10 @@ SLOW = {
         "test_bench_ddp_network_times_each_lesson_on_its_link": 14,
     },
     "tests/tools/test_bench_ranks_hosts.py": {  # 2 cores, load 3-4 from other helpers
-        "test_engines_on_the_hosts_answer_in_rank_order_and_all_reduce_across_them": 10,
-        "test_nothing_is_left_when_the_body_raises": 9,
-        "test_the_controller_listens_on_the_link_only": 9,
-        "test_the_whole_bench_in_one_run": 60,  # estimated: skipped until Ranks(hosts=)
+        "test_engines_on_the_hosts_answer_in_rank_order_and_all_reduce_across_them": 12,
+        "test_nothing_is_left_when_the_body_raises": 10,
+        "test_the_controller_listens_on_the_link_only": 11,
+        "test_the_whole_bench_in_one_run": 27,
     },
 }
 

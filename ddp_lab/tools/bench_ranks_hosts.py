@@ -13,7 +13,6 @@ faster than ipyparallel's (trivial, and the all_reduce call less its collective)
 from __future__ import annotations
 
 import contextlib
-import inspect
 import shutil
 import subprocess
 import sys
@@ -42,8 +41,9 @@ def ipyparallel_on_hosts(bed, per_host: int = 2):
     """ipyparallel's engines, ``per_host`` on each host of ``bed`` started through its ssh,
     joined in one gloo group in rank order (host 0's engines first); yields a callable
     ``fn -> list of values`` (one per engine, in rank order). The controller runs here and
-    listens on the link's address only (``bed.machine``), never on every interface; the
-    connection file, the profile and the group's FileStore live in a private (0700)
+    listens on the link's address (``bed.machine``), never on every interface (its
+    broadcast schedulers' links among themselves are on 127.0.0.1, hard-coded in
+    ipyparallel's controller/app.py); the connection file, the profile and the group's FileStore live in a private (0700)
     folder on the files the hosts share. Everything is stopped on the way out (engines,
     ssh clients, controller, folder), whatever ended the body, Ctrl-C included."""
     import ipyparallel
@@ -228,9 +228,6 @@ def refusal(per_host: int = 2, repeats: int = 100) -> str | None:
     reason = ssh_support()
     if reason:
         return f"ddp-lab bench ranks --hosts needs the ssh test bed, which cannot start: {reason}"
-    if "hosts" not in inspect.signature(ddp_lab.Ranks).parameters:
-        return ("ddp-lab bench ranks --hosts: this ddp_lab has no Ranks(hosts=...) yet; "
-                "update ddp_lab (pip install -e .) to a version that has it")
     return None
 
 

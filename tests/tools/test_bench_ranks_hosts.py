@@ -211,6 +211,7 @@ def test_the_whole_bench_in_one_run():
     _needs_bed_and_ipyparallel()
     if "hosts" not in inspect.signature(ddp_lab.Ranks).parameters:
         pytest.skip("ddp_lab.Ranks takes no hosts= yet (the cross-host live ranks)")
+    folders = set(glob.glob(FOLDERS)) | set(glob.glob("/run/ddp_lab-ssh-*"))
     out = subprocess.run([sys.executable, "-m", "ddp_lab", "bench", "ranks", "--hosts",
                           "--repeats", "5"], capture_output=True, text=True, timeout=220)
     missed = "MISSED" in out.stdout
@@ -218,3 +219,4 @@ def test_the_whole_bench_in_one_run():
     for label in bench.LABELS.values():
         assert label in out.stdout
     assert "the trivial call on the hosts takes" in out.stdout
+    assert set(glob.glob(FOLDERS)) | set(glob.glob("/run/ddp_lab-ssh-*")) == folders
