@@ -72,24 +72,27 @@ def ipyparallel_on_hosts(bed, per_host: int = 2):
 
 def _start_engines(bed, per_host: int, folder: Path, connection: str,
                    started: list) -> None:
-    """One ``python -m ipyparallel.engine`` per rank through ``ssh``, with this venv's
-    python and this checkout on PYTHONPATH (the hosts share this machine's files), gloo
-    on the host's interface (its hostname resolves to loopback, as on a cluster)."""
+    """One engine per rank through ``ssh``, each printing to a log in ``folder``."""
     from ddp_lab.launch.interrupts import deferred
     for index, host in enumerate(bed.hosts):
-        for local in range(per_host):
-            rank = index * per_host + local
+        for rank in range(index * per_host, (index + 1) * per_host):
             pid_file = folder / f"engine-{rank}.pid"
-            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(pid_file), "env",
-                    f"PYTHONPATH={_checkout()}", f"GLOO_SOCKET_IFNAME={host.interface}",
-                    f"IPYTHONDIR={folder / 'ipython'}", f"{RANK_VARIABLE}={rank}",
-                    sys.executable, "-m", "ipyparallel.engine", f"--file={connection}",
-                    f"--profile-dir={folder / 'profile'}", "--log-level=40"]
-            log = folder / f"engine-{rank}.log"
-            with open(log, "wb") as out, deferred():  # an ssh started is an ssh recorded
-                started.append((subprocess.Popen(
+            argv = _engine_argv(host, rank, folder, connection, pid_file)
+            with open(pid_file.with_suffix(".log"), "wb") as out, deferred():
+                started.append((subprocess.Popen(  # an ssh started is an ssh recorded
                     bed.command(host, argv), stdin=subprocess.DEVNULL, stdout=out,
                     stderr=out, start_new_session=True), pid_file))
+
+
+def _engine_argv(host, rank: int, folder: Path, connection: str, pid_file: Path) -> list:
+    """``python -m ipyparallel.engine`` with this venv's python and this checkout on
+    PYTHONPATH (the hosts share this machine's files), gloo on the host's interface (its
+    hostname resolves to loopback, as on a cluster), after its shell wrote its pid."""
+    return ["sh", "-c", 'echo $$ > "$0.new" && mv "$0.new" "$0" && exec "$@"', str(pid_file),
+            "env", f"PYTHONPATH={_checkout()}", f"GLOO_SOCKET_IFNAME={host.interface}",
+            f"IPYTHONDIR={folder / 'ipython'}", f"{RANK_VARIABLE}={rank}",
+            sys.executable, "-m", "ipyparallel.engine", f"--file={connection}",
+            f"--profile-dir={folder / 'profile'}", "--log-level=40"]
 
 
 def _checkout() -> str:
@@ -138,19 +141,35 @@ def _stop(started: list, client, cluster) -> None:
     """Kill every engine (with its nanny), wait for its ssh, then the client and the
     controller; every step runs even if an earlier one failed."""
     from ddp_lab.launch.forkserver.process_tree import kill_tree
-    for ssh, pid_file in started:
-        with contextlib.suppress(OSError, ValueError):
-            kill_tree(int(pid_file.read_text()))
-    for ssh, _ in started:
+    try:
+        for ssh, pid_file in started:
+            pid = _engine_pid(ssh, pid_file)
+            if pid is not None:
+                kill_tree(pid)
+        for ssh, _ in started:
+            try:
+                ssh.wait(timeout=10)  # its remote command is gone: ssh ends
+            except subprocess.TimeoutExpired:
+                kill_tree(ssh.pid)
+                ssh.wait()
+    finally:
         try:
-            ssh.wait(timeout=10)  # its remote command is gone: ssh ends
-        except subprocess.TimeoutExpired:
-            kill_tree(ssh.pid)
-            ssh.wait()
-    if client is not None:
-        client.close()
-    if cluster is not None:
-        cluster.stop_cluster_sync()
+            if client is not None:
+                client.close()
+        finally:
+            if cluster is not None:
+                cluster.stop_cluster_sync()
+
+
+def _engine_pid(ssh: subprocess.Popen, pid_file: Path) -> int | None:
+    """The engine's pid, once its shell has written it (renamed into place: never half
+    written); None if its ssh ended first (the engine never started, or ended)."""
+    deadline = time.monotonic() + ENGINES_START_S
+    while not pid_file.exists():
+        if ssh.poll() is not None or time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return int(pid_file.read_text())
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import pytest
 
 import ddp_lab
 from ddp_lab.course import netns
+from ddp_lab.course import ssh_hosts as ssh_hosts_module
 from ddp_lab.course.ssh_hosts import ssh_hosts, ssh_support
 from ddp_lab.launch.forkserver.process_tree import wait_gone
 from ddp_lab.tools import bench_ranks_hosts as bench
@@ -211,12 +212,16 @@ def test_the_whole_bench_in_one_run():
     _needs_bed_and_ipyparallel()
     if "hosts" not in inspect.signature(ddp_lab.Ranks).parameters:
         pytest.skip("ddp_lab.Ranks takes no hosts= yet (the cross-host live ranks)")
-    folders = set(glob.glob(FOLDERS)) | set(glob.glob("/run/ddp_lab-ssh-*"))
-    out = subprocess.run([sys.executable, "-m", "ddp_lab", "bench", "ranks", "--hosts",
-                          "--repeats", "5"], capture_output=True, text=True, timeout=220)
-    missed = "MISSED" in out.stdout
-    assert out.returncode == (1 if missed else 0), out.stderr[-3000:]
+    folders = set(glob.glob(FOLDERS))
+    with subprocess.Popen([sys.executable, "-m", "ddp_lab", "bench", "ranks", "--hosts",
+                           "--repeats", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as bench_process:
+        stdout, stderr = bench_process.communicate(timeout=220)
+    missed = "MISSED" in stdout
+    assert bench_process.returncode == (1 if missed else 0), stderr[-3000:]
     for label in bench.LABELS.values():
-        assert label in out.stdout
-    assert "the trivial call on the hosts takes" in out.stdout
-    assert set(glob.glob(FOLDERS)) | set(glob.glob("/run/ddp_lab-ssh-*")) == folders
+        assert label in stdout
+    assert "the trivial call on the hosts takes" in stdout
+    assert set(glob.glob(FOLDERS)) == folders, "the engines' private folder was left"
+    assert not list(ssh_hosts_module.FOLDERS.glob(
+        f"{ssh_hosts_module.FOLDER_PREFIX}{bench_process.pid}-*")), "the bed's folder was left"
