@@ -85,22 +85,29 @@ def drive(session: RunSession) -> RunResult:
 
 
 def run(fn, world_size: int = 4, args=(), kwargs=None, backend: str = "auto",
-        timeout: float = 60.0, env=None, *, echo: bool = True, network=None) -> RunResult:
+        timeout: float = 60.0, env=None, *, echo: bool = True, network=None, hosts=None,
+        nproc_per_node=None, via: str = "ssh", controller=None) -> RunResult:
     """Call ``fn(*args, **kwargs)`` on ``world_size`` ranks with the process group ready.
 
     Each rank's output is printed live as ``[rank N] ...`` (``echo=False`` keeps it only in
     ``.logs``). Returns a RunResult; raises WorkerError if a rank fails and WorkerTimeout if
     the ranks are still running after ``timeout`` seconds. ``network=Network("1gbit")``
     (or just ``"1gbit"``) gives every rank a shaped link of its own (network/setting.py).
+    ``hosts=["node0", "node1"]`` runs ``nproc_per_node`` ranks on each of them instead, an
+    agent per host started ``via`` ssh, slurm or a template (``ddp_lab.Ranks`` says more).
     """
     __tracebackhide__ = True  # IPython shows the error, not the launcher's frames
     called = time.monotonic()  # res.seconds: the call's wall time
     checks.check_callable(fn)
+    on_hosts = None if hosts is None else (hosts, nproc_per_node, via, controller)
     config = checks.checked_config(world_size, backend, timeout, env, echo=echo,
-                                   network=network)
+                                   network=network, hosts=on_hosts)
     args, kwargs = checks.check_call_args(args, kwargs)
     payload = pickle_payload(fn, args, kwargs)
     checks.check_signature(fn, args, kwargs, RUN_CALL_ADVICE)
+    if hosts is not None:
+        from ddp_lab.launch.remote.one_shot import run_on_hosts
+        return run_on_hosts(hosts_config(config), payload)
     return launch(config, payload, called)
 
 
@@ -179,6 +186,12 @@ def prepare(config: LaunchConfig) -> LaunchConfig:
     _check_machine(config)
     fork_server_for(config.placement)  # it imports torch while this resolves the backend
     return _resolved(config)
+
+
+def hosts_config(config: LaunchConfig) -> LaunchConfig:
+    """The config ranks on other hosts get: "auto" there is gloo (this machine's GPUs say
+    nothing of theirs; give backend="nccl" for hosts with a GPU per rank)."""
+    return replace(config, backend="gloo" if config.backend == backends.AUTO else config.backend)
 
 
 def _check_machine(config: LaunchConfig) -> None:

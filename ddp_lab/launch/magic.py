@@ -20,7 +20,7 @@ import types
 
 from ddp_lab.launch.api import run
 from ddp_lab.launch.live.magic_options import (MagicParser, add_push_option, add_rank_options,
-                                               names, pushed_values)
+                                               host_options, names, pushed_values)
 from ddp_lab.launch.live.magics import register as register_live_magics
 
 _cell_numbers = itertools.count(1)  # names each cell's source uniquely in linecache
@@ -55,7 +55,7 @@ def ddp(line: str, cell: str, user_ns: dict) -> None:
     hints = notebook_names_used(cell, user_ns, pushed)
     res = run(run_cell, world_size=options.world_size, backend=options.backend,
               timeout=options.timeout, args=(cell, filename, pushed, returns, hints),
-              network=options.network)
+              network=options.network, **host_options(options))
     for name in returns:
         user_ns[name] = [value[name] for value in res.values]
 

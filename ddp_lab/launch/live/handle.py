@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import replace
 
 from ddp_lab.launch import checks
-from ddp_lab.launch.api import interactive_sources, pickle_payload, prepare
+from ddp_lab.launch.api import hosts_config, interactive_sources, pickle_payload, prepare
 from ddp_lab.launch.live.outcome import verdict
 from ddp_lab.launch.live.session import LiveSession
 from ddp_lab.launch.network.placement import OnHosts
@@ -187,11 +186,8 @@ class Ranks:
 
 
 def _prepared(config):
-    """The config the ranks get: this machine's checks (api.prepare), or for other hosts
-    the backend alone ("auto" there is gloo: this machine's GPUs say nothing of theirs)."""
-    if isinstance(config.placement, OnHosts):
-        return replace(config, backend="gloo" if config.backend == "auto" else config.backend)
-    return prepare(config)
+    """The config the ranks get: this machine's checks, or the hosts' (api.py)."""
+    return hosts_config(config) if isinstance(config.placement, OnHosts) else prepare(config)
 
 
 def _new_session(config):

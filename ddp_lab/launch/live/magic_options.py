@@ -37,6 +37,23 @@ def add_rank_options(parser: argparse.ArgumentParser, world_size: int) -> None:
                         help="seconds before a hang is stopped with every rank's stack")
     parser.add_argument("--network", default=None, metavar="BANDWIDTH",
                         help="shape each rank's link, e.g. 1gbit (ddp_lab.Network)")
+    parser.add_argument("--hosts", default="", metavar="HOST[,HOST]",
+                        help="run the ranks on these hosts, an agent on each")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="ranks on each host (default: world size / hosts)")
+    parser.add_argument("--via", default="ssh",
+                        help="how agents reach the hosts: ssh, slurm, or a template with "
+                             "{host} and {command}")
+    parser.add_argument("--controller", default=None, metavar="ADDRESS",
+                        help="this machine's address as the hosts reach it")
+
+
+def host_options(options: argparse.Namespace) -> dict:
+    """The ``hosts=`` arguments of ``ddp_lab.run`` and ``ddp_lab.Ranks`` from a magic's
+    line (no --hosts: this machine)."""
+    hosts = names(options.hosts)
+    return dict(hosts=list(hosts) if hosts else None, nproc_per_node=options.nproc_per_node,
+                via=options.via, controller=options.controller)
 
 
 def add_push_option(parser: argparse.ArgumentParser, when: str) -> None:

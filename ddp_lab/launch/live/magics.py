@@ -20,7 +20,7 @@ import shlex
 from ddp_lab.launch.errors import describe_ranks
 from ddp_lab.launch.live.handle import Ranks
 from ddp_lab.launch.live.magic_options import (MagicParser, add_push_option, add_rank_options,
-                                               names, pushed_values)
+                                               host_options, names, pushed_values)
 
 
 def ranks_line_parser() -> argparse.ArgumentParser:
@@ -60,7 +60,8 @@ class LiveMagics:
         if options.stop:
             return None
         self.ranks = Ranks(options.world_size, backend=options.backend,
-                           network=options.network, timeout=options.timeout)
+                           network=options.network, timeout=options.timeout,
+                           **host_options(options))
         return self.ranks
 
     def cell(self, line: str, cell: str) -> None:

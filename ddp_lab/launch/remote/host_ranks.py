@@ -8,6 +8,7 @@ output goes to the controller as it comes (``ForwardEcho``) and whose calls end 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from ddp_lab.launch.config import LaunchConfig
@@ -43,6 +44,8 @@ class HostRanks:
         self.first = begin.first_rank
         if os.path.isdir(begin.cwd):  # the hosts share the notebook's files, as clusters do
             os.chdir(begin.cwd)
+        shared = [path for path in begin.sys_path if path and os.path.isdir(path)]
+        sys.path[:] = list(dict.fromkeys([*shared, *sys.path]))  # what rank_spec hands on
         placement = OnHost(store=tuple(begin.store), interface=interface,
                            first_rank=begin.first_rank, world_size=begin.world_size,
                            host_index=host_index, host_count=begin.host_count)

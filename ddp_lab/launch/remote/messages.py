@@ -57,6 +57,7 @@ class Begin:
     env: dict
     store: tuple[str, int]
     cwd: str
+    sys_path: tuple = ()  # the notebook's import path (its modules, pickled by reference)
 
 
 @dataclass(frozen=True)

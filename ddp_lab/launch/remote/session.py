@@ -15,6 +15,7 @@ verdict is the local one (live/outcome.py), on the same fields.
 from __future__ import annotations
 
 import queue
+import sys
 import time
 
 from ddp_lab.launch.deadlines import BOUND_SLACK_S, INTERRUPT_WAIT_S, STACK_WAIT_S
@@ -69,7 +70,7 @@ class RemoteSession:
             self.start_up.links[index].send(m.Begin(
                 first, self.hosts.nproc, self.config.world_size, len(self.hosts.names),
                 self.config.backend, self.config.timeout, self.config.env, store,
-                self.hosts.cwd))
+                self.hosts.cwd, tuple(sys.path)))
 
     def call(self, kind: str, bodies: dict, timeout: float) -> CallState:
         if self.lost:
