@@ -28,8 +28,10 @@ The entry points are on top; everything else is in rooms that follow a run. Read
    loop of calls, ``live/rank_loop``, stays with live/ and is ``rank/main``'s body there),
    ``torchrun/`` (the same promises on torch's own elastic agent, and the runner of
    torchrun agents).
-10. ``remote/`` (what crosses machines: the channel between the notebook and an agent on
-   each host, every message signed with the session's secret before anything reads it).
+10. ``remote/`` (ranks on several hosts, ``hosts=[...]``: the channel between the notebook
+   and an agent on each host, every message signed with the session's secret before
+   anything reads it; the agent runs its host's share as a local live session; the
+   controller's ``RemoteSession`` keeps the session contract across them).
 
 Nothing is imported here: ranks import ``ddp_lab.launch.rank.main`` and must stay light.
 """
