@@ -105,11 +105,15 @@ def _create(hosts: tuple[Host, Host]) -> None:
 def write_hosts_file(host: Host, hosts: tuple[Host, ...]) -> None:
     """Inside the namespace, /etc/hosts is the machine's plus a line per node: the
     names resolve everywhere (as DNS would make them), while the shared hostname keeps
-    resolving to loopback, as on many real machines (Debian maps it to 127.0.1.1)."""
+    resolving to loopback, as on many real machines (Debian maps it to 127.0.1.1). Each
+    node is named under its IPv4-mapped IPv6 address too: c10d's sockets listen on IPv6's
+    any-address, see a peer as ``::ffff:10.x.y.z`` and look its name up, and a failed
+    lookup prints "The hostname of the client socket cannot be retrieved" into the cell
+    (network/namespaces.py says more)."""
     folder = NETNS_ETC / host.netns
     folder.mkdir(parents=True, exist_ok=True)
     machine = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
-    nodes = "".join(f"{h.address} {h.name}\n" for h in hosts)
+    nodes = "".join(f"{h.address} {h.name}\n::ffff:{h.address} {h.name}\n" for h in hosts)
     (folder / "hosts").write_text(machine.rstrip("\n") + "\n" + nodes)
 
 
