@@ -252,3 +252,23 @@ def test_a_host_ssh_cannot_reach_is_named_with_what_ssh_said(bed):
     assert "no-such-host" in str(err.value).split("did not start", 1)[1]  # ssh's own words
     assert time.monotonic() - started < 60
     assert wait_empty(bed) == [[], []]
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.5])
+def test_ctrl_c_while_the_hosts_start_leaves_nothing(bed, after_s):
+    """Early (the launchers starting) or later (agents connecting, ranks starting)."""
+    main = threading.main_thread().ident
+    timer = threading.Timer(after_s, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ddp_lab.Ranks(4, **options(bed))
+            time.sleep(30)  # started before the interrupt: it lands here, then the finalizer
+    finally:
+        timer.cancel()
+    import gc
+    gc.collect()  # the Ranks of the second case (if it started) closes now
+    assert wait_empty(bed) == [[], []]
+    ssh_clients = subprocess.run(["pgrep", "-f", str(bed.config)], capture_output=True,
+                                 text=True).stdout.split()
+    assert ssh_clients == []

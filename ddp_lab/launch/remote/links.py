@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import signal
 import subprocess
 import threading
@@ -56,11 +57,14 @@ class HostLink:
         self.stderr_reader = _daemon(self._read_stderr, inbox)
 
     def _read_stderr(self, inbox: queue.Queue) -> None:
-        for raw in iter(self.process.stderr.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.said.append(line)
-            del self.said[:-40]
-            inbox.put(LauncherSaid(self.index, line))
+        try:
+            for raw in iter(self.process.stderr.readline, b""):
+                line = raw.decode(errors="replace").rstrip("\n")
+                self.said.append(line)
+                del self.said[:-40]
+                inbox.put(LauncherSaid(self.index, line))
+        except (OSError, ValueError):
+            pass  # closed under it: a launcher's child kept it open past close's wait
 
     def why_gone(self) -> str:
         code = self.process.poll() if self.process else None
@@ -117,7 +121,7 @@ def accept_all(links: list[HostLink], server, key, until: float) -> None:
     first (ssh refused, python missing) ends the wait with what it printed."""
     from ddp_lab.launch.remote.channel import Channel
     from ddp_lab.launch.remote.channel_errors import ChannelTimeout
-    from ddp_lab.launch.remote.handshake import CONTROLLER
+    from ddp_lab.launch.remote.handshake import CONTROLLER, HANDSHAKE_S
     waiting = {link.index: link for link in links}
     while waiting:
         for link in waiting.values():
@@ -128,8 +132,10 @@ def accept_all(links: list[HostLink], server, key, until: float) -> None:
             names = ", ".join(repr(link.name) for link in waiting.values())
             raise TimeoutError(f"no agent answered from {names} within {START_S:g} s: "
                                + "; ".join(link.why_gone() for link in waiting.values()))
-        try:
-            channel = Channel.accept(server, key, CONTROLLER, timeout=0.5)
+        if not select.select([server], [], [], 0.25)[0]:
+            continue  # nobody knocked: look at the launchers again
+        try:  # a whole handshake's time for whoever knocked (a short one cuts agents off)
+            channel = Channel.accept(server, key, CONTROLLER, timeout=HANDSHAKE_S)
         except ChannelTimeout:
             continue
         hello = _first_message(channel)
