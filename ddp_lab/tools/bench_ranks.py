@@ -132,14 +132,22 @@ def measure(world_size: int, repeats: int) -> RoundTrips:
     return trips
 
 
+def call_rows(trips: RoundTrips, peers: tuple, labels: dict, ratio_title: str, mark,
+              width: int = 20) -> list[str]:
+    """Each call's median by peer, and ipyparallel's over live ranks' (``mark``: what a
+    missed target adds to the trivial call's row); ``bench ranks --hosts`` shares it."""
+    rows = [f"{'call':<12}" + "".join(f"{labels.get(p, p):>{width}}" for p in peers)
+            + f"{ratio_title:>{width + 2}}"]
+    for call in CALLS:
+        rows.append(f"{call:<12}" + "".join(f"{trips.median(p, call):{width}.3f}" for p in peers)
+                    + f"{trips.speedup(call):{width + 1}.1f}x"
+                    + (mark(trips.speedup(call), call) if call == "trivial" else ""))
+    return rows
+
+
 def format_report(trips: RoundTrips) -> str:
     lines = [f"round trip of one call to {trips.world_size} ranks (median ms; this machine)",
-             f"{'call':<12}" + "".join(f"{peer:>20}" for peer in PEERS)
-             + f"{'ipyparallel / live':>22}"]
-    for call in CALLS:
-        lines.append(f"{call:<12}" + "".join(f"{trips.median(p, call):20.3f}" for p in PEERS)
-                     + f"{trips.speedup(call):21.1f}x"
-                     + (_mark(trips.speedup(call), call) if call == "trivial" else ""))
+             *call_rows(trips, PEERS, {}, "ipyparallel / live", _mark)]
     live, engines = (statistics.median(trips.collective_ms[p]) for p in PEERS[:2])
     lines += ["", f"the all_reduce itself (slowest rank, median): {live:.3f} ms in live ranks, "
                   f"{engines:.3f} ms in ipyparallel's engines",

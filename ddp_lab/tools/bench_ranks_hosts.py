@@ -22,7 +22,7 @@ from pathlib import Path
 
 import ddp_lab
 from ddp_lab.tools.bench_ranks import (_GLOO_GROUP, CALLS, RoundTrips, _time_alternating,
-                                       all_reduce_one, trivial)
+                                       all_reduce_one, call_rows, trivial)
 
 LOCAL = "ddp_lab.Ranks local"
 HOSTS = "ddp_lab.Ranks"       # on the hosts: RoundTrips' speed-ups are against it
@@ -207,12 +207,7 @@ def format_report(trips: RoundTrips, hosts: int) -> str:
     per_host = trips.world_size // hosts
     lines = [f"round trip of one call to {trips.world_size} ranks ({per_host} on each of "
              f"{hosts} hosts through ssh; median ms)",
-             f"{'call':<12}" + "".join(f"{LABELS[p]:>22}" for p in PEERS)
-             + f"{'ipyparallel / hosts':>21}"]
-    for call in CALLS:
-        lines.append(f"{call:<12}" + "".join(f"{trips.median(p, call):22.3f}" for p in PEERS)
-                     + f"{trips.speedup(call):20.1f}x"
-                     + (_mark(trips.speedup(call), call) if call == "trivial" else ""))
+             *call_rows(trips, PEERS, LABELS, "ipyparallel / hosts", _mark, width=22)]
     collectives = ", ".join(f"{LABELS[p]} {trips.own_cost(p):.3f}" for p in PEERS)
     ratio = local_ratio(trips)
     lines += ["", f"the all_reduce call less its collective (median ms): {collectives}; "

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 BEAT = "beat"
 MESSAGE = "message"
 BEAT_S = 1.0
-SILENCE_S = 6.0  # a beat missed five times over: the link is cut, or the peer is stopped
+SILENCE_S = 10.0  # nine beats missed: the link is cut or the peer stopped (not a long
+# pickling in the kernel, which holds the GIL from the beat thread for a second or two)
 
 
 @dataclass(frozen=True)
