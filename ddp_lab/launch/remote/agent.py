@@ -26,6 +26,7 @@ import threading
 import time
 import types
 
+from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.remote.messages import (BEAT, BEAT_S, MESSAGE, SILENCE_S, Begin, CallDown,
                                             End, Ended, Failed, Hello, Hurry, OpenStore, StoreOpen,
                                             Stop, dumps)
@@ -44,6 +45,7 @@ class Agent:
         self.inbox: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         self.busy: int | None = None  # the call whose wait a Stop may interrupt
+        self.unanswered: int | None = None  # the call not answered yet
         self.host = None  # host_ranks.HostRanks of the session, if one is begun
         self.store = None  # the run's TCPStore (the first host's agent holds it)
 
@@ -55,7 +57,7 @@ class Agent:
             try:
                 self.handle(message)
             except KeyboardInterrupt:
-                pass  # a Stop that came as its call ended: the call is answered below
+                self._answer_late()
             except Exception as exc:  # noqa: BLE001 - said to the controller, which decides
                 self.send(Failed(f"{type(exc).__name__}: {exc}"))
 
@@ -71,8 +73,10 @@ class Agent:
                 self.host = HostRanks(self.channel, message, self.interface, self.index)
                 self.send(self.host.begin())
             case CallDown():
+                self.unanswered = message.seq
                 self.host.call(message)
                 self.send(self._wait(message.seq))
+                self.unanswered = None
             case End():
                 self._end_session(store_too=True)
                 self.send(Ended())
@@ -85,6 +89,16 @@ class Agent:
         finally:
             with self.lock:
                 self.busy = None
+
+    def _answer_late(self) -> None:
+        """A Stop's signal landed as its call ended (after the session's wait, on its way
+        out): the call is answered now (the controller ignores a second answer)."""
+        with deferred():
+            with self.lock:
+                self.busy = None
+            if self.unanswered is not None and self.host is not None:
+                self.send(self.host.done(self.host.session.current))
+            self.unanswered = None
 
     def _end_session(self, store_too: bool = False) -> None:
         """The host's ranks stopped; with ``store_too``, the first host's store too (a new

@@ -27,7 +27,7 @@ from ddp_lab.launch.output.echo import make_echo
 from ddp_lab.launch.output.heartbeat import Heartbeat
 from ddp_lab.launch.rank.failure import RankFailure
 from ddp_lab.launch.remote import messages as m
-from ddp_lab.launch.remote.links import LauncherSaid, LinkLost
+from ddp_lab.launch.remote.links import START_S, LauncherSaid, LinkLost
 from ddp_lab.launch.remote.startup import HostsStart
 from ddp_lab.launch.verdict.rank_state import RankState
 from ddp_lab.launch.verdict.record import RunRecord
@@ -90,8 +90,11 @@ class RemoteSession:
 
     def wait(self) -> CallState:
         call = self.current
+        bound = call.started + call.timeout + BOUND_SLACK_S + STOP_WAIT_S
+        if call.seq == 0:  # the hosts' fork servers may still be importing torch
+            bound += START_S
         try:
-            self._collect(call, call.started + call.timeout + BOUND_SLACK_S + STOP_WAIT_S)
+            self._collect(call, bound)
         except KeyboardInterrupt:
             self._on_stop_button(call)
             raise
@@ -105,8 +108,8 @@ class RemoteSession:
         return call_record(self, self.current)
 
     def close(self) -> None:
-        """Every agent told to end, its link and launcher closed: each agent's exit takes
-        its fork server and ranks with it (agent.py)."""
+        """Every link and launcher closed: each agent exits when its channel closes, and
+        takes its fork server and ranks with it (agent.py)."""
         with deferred():
             self.start_up.close()
             self.echo.close()
@@ -150,7 +153,8 @@ class RemoteSession:
             case (index, m.Lines(rank=rank, lines=lines, status=status)):
                 self.ranks[rank].lines.extend(lines)
                 self.echo.show(f"rank {rank} @{self.start_up.name(index)}", lines, status)
-            case (index, m.CallDone() as done) if done.seq == call.seq:
+            case (index, m.CallDone() as done) if done.seq == call.seq \
+                    and index not in self.done_hosts:
                 self._merge(index, done, call)
             case (index, m.Failed(what=what)):
                 self._host_lost(index, f"its agent failed: {what}", call)
