@@ -71,6 +71,22 @@ SLOW = {
         "test_a_helper_of_a_torchrun_worker_does_not_outlive_the_run": 12,
         "test_semaphores_of_a_failing_spawn_pool_are_unlinked": 6,
     },
+    "tests/launch/test_remote_ranks.py": {  # measured at load 2-3 (2 cores)
+        "test_a_cut_link_leaves_nothing_on_the_host_and_the_call_says_so": 18,
+        "test_a_failure_on_one_host_ends_the_wait_of_the_other_hosts_ranks": 16,
+        "test_a_hang_shows_where_each_rank_waits_and_restarts_the_ranks": 14,
+        "test_a_rank_that_dies_stops_every_host_and_restart_brings_new_ones": 9,
+        "test_ctrl_c_while_the_hosts_start_leaves_nothing": 7,
+        "test_the_stop_button_reaches_every_host": 6,
+        "test_a_cell_runs_on_four_ranks_across_two_hosts_and_keeps_its_state": 5,
+        "test_a_killed_kernel_leaves_nothing_on_either_host": 5,
+        "test_a_stranger_at_the_controllers_port_is_refused_and_the_session_starts": 5,
+        "test_an_error_on_one_host_keeps_every_rank_and_names_the_root_cause": 4,
+    },
+    "tests/launch/test_remote_run.py": {
+        "test_run_on_two_hosts_returns_each_ranks_value_and_raises_a_one_shot_error": 10,
+        "test_live_ranks_via_slurm_run_as_a_step_and_die_with_a_killed_kernel": 7,
+    },
     "tests/launch/test_local_slurm.py": {
         "test_a_controller_that_cannot_start_says_why_and_leaves_nothing": 6,
     },
