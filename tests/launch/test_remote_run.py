@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import remote_slurm
 from remote_slurm import marked_processes, private_slurm
@@ -80,18 +81,25 @@ def test_live_ranks_via_slurm_run_as_a_step_and_die_with_a_killed_kernel(tmp_pat
                 pass
             assert line.startswith("values [(0, '"), line  # each rank inside a step
             assert line.count("(") == 2
-            steps = marked_processes(str(slurm.folder))
-            assert steps, "the agent runs as a SLURM step"
+            agents = [p for p in _ours(slurm) if "ddp_lab.launch.remote.agent" in p.cmdline()]
+            assert len(agents) == 1
+            assert any("slurmstepd" in parent.name() for parent in agents[0].parents())
         finally:
             kernel.kill()
             kernel.wait()
         until = time.monotonic() + 20
-        while _agents() and time.monotonic() < until:
+        while _ours(slurm) and time.monotonic() < until:
             time.sleep(0.2)
-        assert _agents() == []
+        assert _ours(slurm) == []
 
 
-def _agents() -> list[str]:
-    found = subprocess.run(["pgrep", "-f", "ddp_lab.launch.remote.agent"],
-                           capture_output=True, text=True).stdout.split()
-    return [pid for pid in found if int(pid) != os.getpid()]
+def _ours(slurm) -> list:
+    """This SLURM's processes that run ddp_lab (the agent, its fork server, the ranks)."""
+    found = []
+    for proc in marked_processes(str(slurm.folder)):
+        try:
+            if proc.pid != os.getpid() and any("ddp_lab" in word for word in proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
