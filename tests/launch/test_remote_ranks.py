@@ -235,6 +235,8 @@ def test_a_stranger_at_the_controllers_port_is_refused_and_the_session_starts(be
     (dict(hosts=["a", "b"], via="ssh {host}"), ValueError, "{command}"),
     (dict(hosts=["a", "b"], controller="my laptop"), ValueError, "IP address"),
     (dict(hosts=["a", "b"], network="1gbit"), ValueError, "give one of the two"),
+    (dict(hosts=["a", "b"], via="no-such-launcher {host} {command}"), FileNotFoundError,
+     "not on this machine's PATH"),
 ])
 def test_bad_input_is_refused_before_anything_starts(kwargs, error, words):
     with pytest.raises(error) as err:

@@ -101,11 +101,6 @@ class HostRanks:
         return RankEnd(self.first + state.rank, state.exitcode, age(state.exit_time, now),
                        state.stopped_by_launcher, failure)
 
-    @property
-    def pending(self) -> list[int]:
-        call = self.session.current
-        return [] if call is None else [self.first + r for r in call.pending]
-
 
 def _portable(reply: Reply, rank: int, now: float) -> Reply:
     """A reply with its global rank, and a failure's time as an age."""

@@ -10,6 +10,7 @@ secret never appears in it: it goes down the launcher's stdin (secret.py).
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 
 from ddp_lab.launch.config import PACKAGE_ROOT
@@ -20,6 +21,9 @@ SSH = "ssh -o BatchMode=yes -T {host} {command}"
 SLURM = ("srun --overlap --nodes=1 --ntasks=1 --nodelist={host} --kill-on-bad-exit=1 "
          "--quiet /bin/sh -c {command}")
 NAMED = {"ssh": SSH, "slurm": SLURM}
+INSTALL = {"ssh": " (install OpenSSH's client: apt-get install openssh-client)",
+           "srun": " (via='slurm' runs inside a SLURM allocation: salloc, then start Jupyter "
+                   "there, or run from a node of the job)"}
 
 
 def check_via(via) -> str:
@@ -35,6 +39,9 @@ def check_via(via) -> str:
         raise ValueError(f"via={via!r}: use 'ssh', 'slurm', or a command line with {{host}} "
                          "and {command} as words of their own, e.g. "
                          "'ssh -p 2222 {host} {command}'")
+    if shutil.which(words[0]) is None:
+        raise FileNotFoundError(f"via={via!r} starts `{words[0]}`, which is not on this "
+                                "machine's PATH" + INSTALL.get(words[0], ""))
     return template
 
 

@@ -45,6 +45,7 @@ class HostLink:
         self.channel = None
         self.hello: Hello | None = None
         self.said: list[str] = []  # the launcher's stderr, for an error that says why
+        self.stderr_reader: threading.Thread | None = None
 
     def launch(self, key, inbox: queue.Queue) -> None:
         """Start the launcher (in a session of its own: Ctrl-C in a terminal is ours to
@@ -53,8 +54,11 @@ class HostLink:
         self.process = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                         start_new_session=True)
-        write_secret(self.process.stdin.fileno(), key)
         self.stderr_reader = _daemon(self._read_stderr, inbox)
+        try:
+            write_secret(self.process.stdin.fileno(), key)
+        except BrokenPipeError:
+            pass  # it exited at once: accept_all says so, with what it printed
 
     def _read_stderr(self, inbox: queue.Queue) -> None:
         try:
@@ -112,7 +116,8 @@ class HostLink:
             self.process.wait(END_S)
         except subprocess.TimeoutExpired:
             _kill_group(self.process)
-        self.stderr_reader.join(END_S)  # it ends at the end of the launcher's stderr
+        if self.stderr_reader is not None:
+            self.stderr_reader.join(END_S)  # it ends at the end of the launcher's stderr
         self.process.stderr.close()
 
 
