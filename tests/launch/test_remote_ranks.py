@@ -67,6 +67,8 @@ def wait_empty(bed, seconds: float = GONE_S) -> list[list[str]]:
 def test_a_cell_runs_on_four_ranks_across_two_hosts_and_keeps_its_state(bed, capsys):
     with ddp_lab.Ranks(4, **options(bed)) as ranks:
         assert all(ours_on(h) for h in bed.hosts)  # the ranks run on both hosts
+        assert repr(ranks) == ("Ranks(world_size=4, hosts=['node0', 'node1'], nproc_per_node=2, "
+                               "backend='gloo', state='ready')")
         res = ranks.exec(textwrap.dedent("""\
             import os
             t = torch.ones(1) * rank

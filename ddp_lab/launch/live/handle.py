@@ -115,7 +115,10 @@ class Ranks:
         return "stopped" if self._session.lost else "ready"
 
     def __repr__(self) -> str:
-        return (f"Ranks(world_size={self.world_size}, backend={self._config.backend!r}, "
+        placement = self._config.placement
+        hosts = (f"hosts={list(placement.names)!r}, nproc_per_node={placement.nproc}, "
+                 if isinstance(placement, OnHosts) else "")
+        return (f"Ranks(world_size={self.world_size}, {hosts}backend={self._config.backend!r}, "
                 f"state={self.state!r})")
 
     # -- inside ---------------------------------------------------------------------------
