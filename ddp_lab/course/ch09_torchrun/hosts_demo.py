@@ -11,6 +11,7 @@ nothing.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import ExitStack
 
@@ -107,7 +108,6 @@ def namespaces(bed: SshHosts) -> dict[str, str]:
 
 def kernel_namespace() -> str:
     """This kernel's network namespace, which no rank shares."""
-    import os
     return os.readlink("/proc/self/ns/net")
 
 
