@@ -28,6 +28,9 @@ SLOW = {
         "test_torchrun_past_its_timeout_is_stopped_with_all_its_workers": 20,
         "test_torchrun_error_files_hold_the_root_cause": 8,
     },
+    "tests/course/test_hosts_demo.py": {
+        "test_the_helpers_see_the_ranks_on_each_host_and_nothing_after_close": 5,
+    },
     "tests/course/test_netns.py": {
         "test_late_node_grows_the_world_and_the_job_resumes": 45,
         "test_two_nodes_two_workers_each_all_reduce_across_namespaces": 20,

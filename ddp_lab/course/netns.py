@@ -162,7 +162,7 @@ def kill_processes_in(netns: str) -> list[int]:
     killed: list[int] = []
     quiet, until = 0, time.monotonic() + 5.0
     while quiet < 2 and time.monotonic() < until:
-        found = [pid for pid in _pids_in(inode) if pid not in killed]
+        found = [pid for pid in pids_in(inode) if pid not in killed]
         for pid in found:
             send(pid, signal.SIGKILL)
         killed += found
@@ -172,7 +172,7 @@ def kill_processes_in(netns: str) -> list[int]:
     return killed
 
 
-def _pids_in(inode: int) -> list[int]:
+def pids_in(inode: int) -> list[int]:
     """Processes whose network namespace is the one with this inode (as ``ip netns pids``)."""
     pids = []
     for entry in os.listdir("/proc"):

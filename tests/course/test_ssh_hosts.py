@@ -68,7 +68,7 @@ def _running(bed, host, argv: list[str]) -> list[int]:
     """Pids on ``host`` whose command line is exactly ``argv``."""
     inode = (netns.NETNS_RUN / bed.host(host).netns).stat().st_ino
     found = []
-    for pid in netns._pids_in(inode):
+    for pid in netns.pids_in(inode):
         try:
             if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] == [
                     a.encode() for a in argv]:
@@ -83,7 +83,7 @@ def _sessions(bed, host) -> list[int]:
     ``sshd: USER [priv]``; the listening one is ``sshd: /usr/sbin/sshd ...``)."""
     inode = (netns.NETNS_RUN / bed.host(host).netns).stat().st_ino
     found = []
-    for pid in netns._pids_in(inode):
+    for pid in netns.pids_in(inode):
         try:
             title = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
@@ -252,7 +252,7 @@ def test_a_bed_whose_process_was_killed_is_removed_by_the_next_start():
         "    time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
     folder, cable, *names = owner.stdout.readline().split()
     servers = [pid for name in names
-               for pid in netns._pids_in((netns.NETNS_RUN / name).stat().st_ino)]
+               for pid in netns.pids_in((netns.NETNS_RUN / name).stat().st_ino)]
     assert servers  # the sshds, left running when their owner dies
     owner.kill()
     owner.wait()

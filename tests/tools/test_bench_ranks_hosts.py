@@ -118,7 +118,7 @@ def _engines_on(bed) -> list[int]:
     """Pids of ipyparallel's processes (engines, nannies) in the bed's hosts' namespaces."""
     found = []
     for host in bed.hosts:
-        for pid in netns._pids_in((netns.NETNS_RUN / host.netns).stat().st_ino):
+        for pid in netns.pids_in((netns.NETNS_RUN / host.netns).stat().st_ino):
             try:
                 if "ipyparallel" in " ".join(psutil.Process(pid).cmdline()):
                     found.append(pid)

@@ -19,7 +19,7 @@ from ddp_lab.course import netns, ssh_hosts
 from ddp_lab.course.ssh_hosts import SshHosts
 from ddp_lab.launch.remote.launchers import agent_command, launcher_argv
 
-GONE_S = 20.0  # an agent hears its channel close at once; SILENCE_S (6 s) is its last resort
+GONE_S = 20.0  # an agent hears its channel close at once; SILENCE_S (10 s) is its last resort
 AGENT_MODULE = "ddp_lab.launch.remote.agent"
 SERVER_MODULE = "ddp_lab.launch.forkserver.server"
 SHOWN_PORT = 40000  # a stand-in for the controller's port, which each session picks anew
@@ -116,7 +116,7 @@ def _pids(host) -> list[int]:
         inode = (netns.NETNS_RUN / host.netns).stat().st_ino
     except FileNotFoundError:
         return []  # the bed is gone: nothing runs there
-    return netns._pids_in(inode)  # noqa: SLF001 - the one scan of a namespace's processes
+    return netns.pids_in(inode)
 
 
 def _role(process) -> str:
