@@ -20,7 +20,7 @@ import ddp_lab
 from ddp_lab.course import ssh_hosts
 from ddp_lab.launch.errors import WorkerError
 from ddp_lab.launch.live.magic_options import host_options
-from ddp_lab.launch.magic import parse_magic_line
+from ddp_lab.launch.magic import ddp, parse_magic_line
 from ddp_lab.launch.remote.launchers import SLURM, agent_command, launcher_argv
 
 SSH = ssh_hosts.ssh_support()
@@ -44,6 +44,17 @@ def test_run_on_two_hosts_returns_each_ranks_value_and_raises_a_one_shot_error()
             ddp_lab.run(divmod, 4, args=(1, 0), **opts)
         assert "ZeroDivisionError" in str(err.value)
         assert "live ranks" not in str(err.value) and "restart" not in str(err.value)
+
+
+@pytest.mark.skipif(SSH is not None, reason=f"no ssh hosts: {SSH}")
+def test_a_ddp_cell_runs_on_two_hosts_and_returns_its_names():
+    with ssh_hosts.ssh_hosts(2) as bed:
+        user_ns: dict = {}
+        line = (f"-n 4 --hosts {','.join(h.name for h in bed.hosts)} --nproc-per-node 2 "
+                f"--via {shlex.quote(bed.via)} --controller {bed.machine} --backend gloo "
+                "--return where")
+        ddp(line, "import os\nwhere = (rank, int(os.environ['GROUP_RANK']))", user_ns)
+        assert user_ns["where"] == [(0, 0), (1, 0), (2, 1), (3, 1)]
 
 
 def test_the_magics_pass_their_host_options_on():
