@@ -7,8 +7,8 @@
     ddp_lab.run(fn, world_size=4, network="1gbit")   # each rank on a 1 Gbit/s link
 """
 
-from ddp_lab.launch.errors import (DistributedRunError, ForkServerUnresponsive, UnreadableResult,
-                                   WorkerError, WorkerTimeout)
+from ddp_lab.launch.errors import (DistributedRunError, ForkServerUnresponsive, HostUnreachable,
+                                   UnreadableResult, WorkerError, WorkerTimeout)
 from ddp_lab.launch.api import run, run_script
 from ddp_lab.launch.live.handle import Ranks
 from ddp_lab.launch.magic import load_ipython_extension
@@ -22,6 +22,7 @@ from ddp_lab.launch.network.isolation import IsolationUnavailable, SharedNetwork
 
 __all__ = ["run", "run_script", "spawn", "report", "Ranks", "RunResult", "DistributedRunError",
            "WorkerError", "WorkerTimeout", "UnreadableResult", "ForkServerUnresponsive",
+           "HostUnreachable",
            "shutdown", "progress", "load_ipython_extension", "Network", "NetworkUnavailable",
            "IsolationUnavailable", "SharedNetworkWarning"]
 __version__ = "0.1.0"

@@ -98,6 +98,14 @@ class ForkServerUnresponsive(DistributedRunError):
     killed it with the run's ranks; the next run starts a new one."""
 
 
+class HostUnreachable(DistributedRunError):
+    """A host of ranks on several hosts was lost (a cut link, a host or agent stopped or
+    killed, an agent that failed): its ranks are gone, the other hosts' were stopped
+    (``session`` is "stopped"; live ranks: ``restart()`` starts new ones everywhere)."""
+
+    session = "stopped"
+
+
 class UnreadableResult(DistributedRunError):
     """Every rank finished, but what some ranks returned cannot be unpickled in this process.
 

@@ -22,7 +22,7 @@ import pytest
 
 import ddp_lab
 from ddp_lab.course import ssh_hosts
-from ddp_lab.launch.errors import WorkerError, WorkerTimeout
+from ddp_lab.launch.errors import HostUnreachable, WorkerError, WorkerTimeout
 
 REASON = ssh_hosts.ssh_support()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no ssh hosts: {REASON}"),
@@ -154,13 +154,65 @@ def test_a_cut_link_leaves_nothing_on_the_host_and_the_call_says_so(bed):
         while ours_on(lost) and time.monotonic() < until:
             time.sleep(0.2)
         assert ours_on(lost) == []  # its agent heard no beat and took its ranks down
-        with pytest.raises(WorkerError) as err:
+        with pytest.raises(HostUnreachable) as err:
             ranks.exec("rank")
-        assert err.value.session == "stopped" and f"host {lost.name!r} was lost" in str(err.value)
+        assert err.value.session == "stopped" and ranks.state == "stopped"
+        assert str(err.value).startswith(f"host {lost.name!r} (ranks 2-3) was lost during the "
+                                         "call: silent for")
+        with pytest.raises(RuntimeError, match="was lost"):
+            ranks.exec("rank")
     finally:
         subprocess.run([*cut, "up"], check=True)
         ranks.close()
     assert wait_empty(bed) == [[], []]
+
+
+def test_a_link_cut_during_a_call_ends_the_call_and_leaves_nothing(bed):
+    ranks = ddp_lab.Ranks(4, **options(bed))
+    lost = bed.hosts[1]
+    cut = ["ip", "-n", lost.netns, "link", "set", lost.interface]
+    timer = threading.Timer(1.0, subprocess.run, ([*cut, "down"],))
+    try:
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(HostUnreachable) as err:
+            ranks.exec("import time\ntime.sleep(60)")
+        assert time.monotonic() - started < 40  # the silence, not the call's 60 s
+        assert f"host {lost.name!r} (ranks 2-3) was lost during the call" in str(err.value)
+    finally:
+        timer.join()
+        subprocess.run([*cut, "up"], check=True)
+        ranks.close()
+    assert wait_empty(bed) == [[], []]
+
+
+def test_silent_strangers_at_the_controllers_port_do_not_hold_the_start_up(bed):
+    """Connections that say nothing each hold up only their own handshake."""
+    from ddp_lab.launch.remote import channel as channel_module
+    strangers, original = [], channel_module.listener
+
+    def spied(host, port=0):
+        server = original(host, port)
+        for _ in range(3):  # before any agent can connect
+            strangers.append(socket.create_connection(server.getsockname()[:2], timeout=5))
+        return server
+
+    channel_module.listener = spied
+    try:
+        with ddp_lab.Ranks(4, **options(bed)) as ranks:
+            assert ranks.pull("rank") == [0, 1, 2, 3]
+    finally:
+        channel_module.listener = original
+        for sock in strangers:
+            sock.close()
+    assert len(strangers) == 3
+
+
+def test_the_default_controller_is_found_as_ssh_finds_the_host(bed):
+    """node0 is only an alias in the bed's ssh config: ``ssh -G`` says where it leads."""
+    from ddp_lab.launch.remote.launchers import checked_hosts
+    placement = checked_hosts([h.name for h in bed.hosts], 2, bed.via, None, 4)
+    assert placement.controller == bed.machine
 
 
 CONTROLLER = """\

@@ -9,6 +9,7 @@ secret never appears in it: it goes down the launcher's stdin (secret.py).
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -64,8 +65,6 @@ def launcher_argv(template: str, host: str, command: str) -> list[str]:
 def checked_hosts(hosts, nproc_per_node, via, controller, world_size: int):
     """``hosts=`` and its companions as a placement (``OnHosts``), each checked with an
     error that says what to pass, before anything starts."""
-    import os
-
     from ddp_lab.launch.network.placement import OnHosts
     if isinstance(hosts, str) or not all(isinstance(h, str) and h.strip() for h in hosts):
         raise TypeError(f"hosts must be a list of host names, got {hosts!r}")
@@ -74,7 +73,8 @@ def checked_hosts(hosts, nproc_per_node, via, controller, world_size: int):
         raise ValueError(f"hosts={list(hosts)!r}: name each host once (at least one)")
     nproc = _nproc(nproc_per_node, world_size, len(names))
     template = check_via(via)
-    return OnHosts(names, nproc, template, _controller(controller, names[0]), os.getcwd())
+    return OnHosts(names, nproc, template, _controller(controller, names[0], template),
+                   os.getcwd())
 
 
 def _nproc(nproc_per_node, world_size: int, host_count: int) -> int:
@@ -93,9 +93,10 @@ def _nproc(nproc_per_node, world_size: int, host_count: int) -> int:
     return nproc_per_node
 
 
-def _controller(controller, first_host: str) -> str:
+def _controller(controller, first_host: str, template: str) -> str:
     """The address the hosts reach this machine at: given, or the one this machine's
-    routing table would send from towards the first host."""
+    routing table would send from towards the first host (an ssh alias looked up as ssh
+    itself would: ``ssh -G``)."""
     import ipaddress
     import socket
     if controller is not None:
@@ -105,7 +106,8 @@ def _controller(controller, first_host: str) -> str:
             raise ValueError(f"controller={controller!r} must be this machine's IP address "
                              "as the hosts reach it, e.g. '10.0.0.1'") from None
     try:
-        target = socket.getaddrinfo(first_host, 22, type=socket.SOCK_DGRAM)[0][4]
+        target = socket.getaddrinfo(_ssh_hostname(template, first_host), 22,
+                                    type=socket.SOCK_DGRAM)[0][4]
         with socket.socket(socket.AF_INET6 if ":" in target[0] else socket.AF_INET,
                            socket.SOCK_DGRAM) as probe:
             probe.connect(target)  # a UDP connect sends nothing: it only picks a route
@@ -114,3 +116,22 @@ def _controller(controller, first_host: str) -> str:
         raise ValueError(f"cannot tell which address of this machine host {first_host!r} "
                          f"reaches ({exc}): pass controller='ADDRESS' (this machine's IP "
                          "address on the hosts' network)") from None
+
+
+def _ssh_hostname(template: str, host: str) -> str:
+    """The name ssh connects to for ``host`` (its config's ``HostName``: an alias in
+    ~/.ssh/config, or the template's own ``-F`` file), or ``host`` where the launcher is not
+    ssh or ssh cannot say."""
+    import subprocess
+    words = shlex.split(template)
+    if os.path.basename(words[0]) != "ssh":
+        return host
+    options = [word for word in words[1:] if "{host}" not in word and word != "{command}"]
+    try:
+        shown = subprocess.run([words[0], "-G", *options, host], capture_output=True,
+                               text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return host
+    names = [line.split(None, 1)[1] for line in shown.splitlines()
+             if line.startswith("hostname ")]
+    return names[0].strip() if names else host

@@ -22,6 +22,7 @@ from ddp_lab.launch.remote.messages import BEAT, BEAT_S, MESSAGE, SILENCE_S, Hel
 
 START_S = 60.0  # for every agent to connect: ssh, Python's start, this ddp_lab's import
 END_S = 3.0     # for a launcher to exit once its agent's channel and stdin are closed
+MAX_KNOCKS = 64  # threads of this process beyond which a knock at the listener is refused
 
 
 @dataclass(frozen=True)
@@ -123,32 +124,65 @@ class HostLink:
 
 def accept_all(links: list[HostLink], server, key, until: float) -> None:
     """Each host's agent, as it proves the secret and says hello; a launcher that exits
-    first (ssh refused, python missing) ends the wait with what it printed."""
-    from ddp_lab.launch.remote.channel import Channel
-    from ddp_lab.launch.remote.channel_errors import ChannelTimeout
-    from ddp_lab.launch.remote.handshake import CONTROLLER, HANDSHAKE_S
+    first (ssh refused, python missing) ends the wait with what it printed. Each knock is
+    answered in a thread of its own: a stranger who connects and says nothing holds up
+    only its own handshake (HANDSHAKE_S), never the agents' (at most MAX_KNOCKS at once)."""
     waiting = {link.index: link for link in links}
-    while waiting:
-        for link in waiting.values():
-            if link.process.poll() is not None:
-                raise RuntimeError(f"the agent on host {link.name!r} did not start: "
-                                   f"{link.why_gone()}")
-        if time.monotonic() >= until:
-            names = ", ".join(repr(link.name) for link in waiting.values())
-            raise TimeoutError(f"no agent answered from {names} within {START_S:g} s: "
-                               + "; ".join(link.why_gone() for link in waiting.values()))
-        if not select.select([server], [], [], 0.25)[0]:
-            continue  # nobody knocked: look at the launchers again
-        try:  # a whole handshake's time for whoever knocked (a short one cuts agents off)
-            channel = Channel.accept(server, key, CONTROLLER, timeout=HANDSHAKE_S)
-        except ChannelTimeout:
-            continue
-        hello = _first_message(channel)
-        link = waiting.pop(hello.host_index, None) if isinstance(hello, Hello) else None
+    arrived: queue.Queue = queue.Queue()
+    over = threading.Event()
+    try:
+        while waiting:
+            _check_launchers(waiting, until)
+            if select.select([server], [], [], 0.1)[0]:
+                sock, _ = server.accept()
+                if threading.active_count() > MAX_KNOCKS:
+                    sock.close()  # a flood of strangers: they wait their turn elsewhere
+                else:
+                    _daemon(_handshake, sock, key, arrived, over)
+            _take_arrivals(arrived, waiting)
+    finally:
+        over.set()  # a handshake that ends from now on closes its channel itself
+        _take_arrivals(arrived, {})
+
+
+def _check_launchers(waiting: dict, until: float) -> None:
+    for link in waiting.values():
+        if link.process.poll() is not None:
+            raise RuntimeError(f"the agent on host {link.name!r} did not start: "
+                               f"{link.why_gone()}")
+    if time.monotonic() >= until:
+        names = ", ".join(repr(link.name) for link in waiting.values())
+        raise TimeoutError(f"no agent answered from {names} within {START_S:g} s: "
+                           + "; ".join(link.why_gone() for link in waiting.values()))
+
+
+def _handshake(sock, key, arrived: queue.Queue, over: threading.Event) -> None:
+    """One knock: the handshake and the hello, or nothing (the socket closed)."""
+    from ddp_lab.launch.remote.channel import Channel
+    from ddp_lab.launch.remote.channel_errors import ChannelError
+    from ddp_lab.launch.remote.handshake import CONTROLLER, HANDSHAKE_S
+    try:
+        channel = Channel.over(sock, key, CONTROLLER, HANDSHAKE_S)
+    except (ChannelError, OSError):
+        return  # no proof of the secret: closed, nothing taken
+    hello = _first_message(channel)
+    if over.is_set() or not isinstance(hello, Hello):
+        channel.close()
+        return
+    arrived.put((channel, hello))
+
+
+def _take_arrivals(arrived: queue.Queue, waiting: dict) -> None:
+    while True:
+        try:
+            channel, hello = arrived.get_nowait()
+        except queue.Empty:
+            return
+        link = waiting.pop(hello.host_index, None)
         if link is None:
             channel.close()  # it knew the secret, yet is no host we wait for: not ours
-            continue
-        link.channel, link.hello = channel, hello
+        else:
+            link.channel, link.hello = channel, hello
 
 
 def _first_message(channel, timeout: float = 10.0):

@@ -19,6 +19,7 @@ import sys
 import time
 
 from ddp_lab.launch.deadlines import BOUND_SLACK_S, INTERRUPT_WAIT_S, STACK_WAIT_S
+from ddp_lab.launch.errors import HostUnreachable, describe_ranks
 from ddp_lab.launch.interrupts import deferred
 from ddp_lab.launch.live.frames import Reply
 from ddp_lab.launch.live.outcome import call_record
@@ -51,6 +52,7 @@ class RemoteSession:
         self.lost: str | None = None
         self.done_hosts: set[int] = set()
         self.failures: dict[int, RankFailure] = {}  # dead ranks' records, as their host sent
+        self.lost_hosts: dict[int, str] = {}  # host index -> why it was lost
 
     def __enter__(self) -> RemoteSession:
         return self
@@ -102,6 +104,8 @@ class RemoteSession:
             self.echo.close()
         if call.died:
             self._stop_everywhere(call)
+        if self.lost_hosts:
+            raise self._unreachable(call)
         return call
 
     def record(self) -> RunRecord:
@@ -194,20 +198,30 @@ class RemoteSession:
             self.start_up.links[index].send(m.Hurry(call.seq, m.age(call.first_failure)))
 
     def _host_lost(self, index: int, why: str, call: CallState) -> None:
-        """Every rank of the host counts as dead, with the reason as its failure."""
-        name = self.start_up.name(index)
-        failure = RankFailure("HostLost", f"host {name!r} was lost: {why}", "",
-                              time.monotonic())
+        """Every rank of the host counts as dead (the call's wait raises HostUnreachable)."""
+        self.lost_hosts.setdefault(index, why)
         for rank in self.hosts.ranks_of(index):
             state = self.ranks[rank]
             if state.exitcode is None:
                 state.exitcode, state.exit_time = -9, time.monotonic()
-                self.failures[rank] = failure
                 if rank not in call.died:
                     call.died.append(rank)
         self.done_hosts.add(index)
         self.start_up.drop(index)
         self._hurry_others(call, time.monotonic())
+
+    def _unreachable(self, call: CallState) -> HostUnreachable:
+        """What the call raises when a host was lost: which, why, and what became of all."""
+        lines = [f"host {self.start_up.name(index)!r} "
+                 f"({describe_ranks(list(self.hosts.ranks_of(index)))}) was lost {'while the ranks started' if call.seq == 0 else 'during the call'}: "
+                 f"{why}" for index, why in sorted(self.lost_hosts.items())]
+        lines.append("Its ranks are gone, and the ranks on the other hosts were stopped (a "
+                     "process group is all or nothing); live ranks: ranks.restart() starts new "
+                     "ones on every host.")
+        error = HostUnreachable("\n".join(lines))
+        error.logs = self.logs()
+        self.lost = str(error)  # every later call says it
+        return error
 
     def _on_stop_button(self, call: CallState) -> None:
         """Ctrl-C in the notebook: every host still in the call interrupts its ranks; a
