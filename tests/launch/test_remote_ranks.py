@@ -188,13 +188,28 @@ def test_a_link_cut_during_a_call_ends_the_call_and_leaves_nothing(bed):
 
 def test_silent_strangers_at_the_controllers_port_do_not_hold_the_start_up(bed):
     """Connections that say nothing each hold up only their own handshake."""
+    strangers = []
+
+    def connect_silently(address):
+        strangers.extend(socket.create_connection(address, timeout=5) for _ in range(3))
+
+    try:
+        start_with_visitors(bed, connect_silently)  # before any agent can connect
+    finally:
+        for sock in strangers:
+            sock.close()
+    assert len(strangers) == 3
+
+
+def start_with_visitors(bed, visit) -> None:
+    """Start 4 ranks on the bed, with ``visit(address)`` called the moment the controller's
+    listener exists, and check that they answer."""
     from ddp_lab.launch.remote import channel as channel_module
-    strangers, original = [], channel_module.listener
+    original = channel_module.listener
 
     def spied(host, port=0):
         server = original(host, port)
-        for _ in range(3):  # before any agent can connect
-            strangers.append(socket.create_connection(server.getsockname()[:2], timeout=5))
+        visit(server.getsockname()[:2])
         return server
 
     channel_module.listener = spied
@@ -203,9 +218,6 @@ def test_silent_strangers_at_the_controllers_port_do_not_hold_the_start_up(bed):
             assert ranks.pull("rank") == [0, 1, 2, 3]
     finally:
         channel_module.listener = original
-        for sock in strangers:
-            sock.close()
-    assert len(strangers) == 3
 
 
 def test_the_default_controller_is_found_as_ssh_finds_the_host(bed):
@@ -251,18 +263,11 @@ def test_a_killed_kernel_leaves_nothing_on_either_host(bed, tmp_path):
 def test_a_stranger_at_the_controllers_port_is_refused_and_the_session_starts(bed):
     """While the agents connect, someone else on the network connects too: with garbage,
     and with a handshake under a wrong key. Neither gets in, and neither stops the start."""
-    from ddp_lab.launch.remote import channel as channel_module
     from ddp_lab.launch.remote.channel import Channel
     from ddp_lab.launch.remote.channel_errors import ChannelError
     from ddp_lab.launch.remote.handshake import AGENT
     from ddp_lab.launch.remote.secret import SessionKey
-    seen, refusals, original = [], [], channel_module.listener
-
-    def spied(host, port=0):
-        server = original(host, port)
-        seen.append(server.getsockname()[:2])
-        threading.Thread(target=attack, args=(server.getsockname()[:2],), daemon=True).start()
-        return server
+    refusals = []
 
     def attack(address):
         with socket.create_connection(address, timeout=5) as sock:
@@ -272,13 +277,15 @@ def test_a_stranger_at_the_controllers_port_is_refused_and_the_session_starts(be
         except ChannelError as exc:
             refusals.append(exc)
 
-    channel_module.listener = spied
-    try:
-        with ddp_lab.Ranks(4, **options(bed)) as ranks:
-            assert ranks.pull("rank") == [0, 1, 2, 3]
-    finally:
-        channel_module.listener = original
-    assert seen and len(refusals) == 1
+    attacks = []
+
+    def visit(address):
+        attacks.append(threading.Thread(target=attack, args=(address,), daemon=True))
+        attacks[-1].start()
+
+    start_with_visitors(bed, visit)
+    attacks[0].join(10)
+    assert len(refusals) == 1  # the wrong key refused (the garbage before it, too)
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
