@@ -82,7 +82,8 @@ def rank_spec(config: LaunchConfig, rank: int, run_dir: str, base_env: dict) -> 
     from ddp_lab.launch.backends import uses_nccl
     c = config
     return RankSpec(rank=rank, world_size=c.world_size, run_dir=run_dir,
-                    env=c.placement.rank_env(rank_env(base_env, rank), rank), cwd=os.getcwd(), sys_path=tuple(sys.path),
+                    env=c.placement.rank_env(rank_env(base_env, rank), rank), cwd=os.getcwd(),
+                    sys_path=tuple(sys.path),
                     backend=c.backend, threads=threads_per_rank(c.world_size),
                     pg_timeout_s=c.timeout + 60.0, script=c.script, script_args=c.script_args,
                     init_group=c.init_group, network=c.placement.rank_netns,

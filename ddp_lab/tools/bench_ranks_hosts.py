@@ -43,8 +43,8 @@ def ipyparallel_on_hosts(bed, per_host: int = 2):
     ``fn -> list of values`` (one per engine, in rank order). The controller runs here and
     listens on the link's address (``bed.machine``), never on every interface (its
     broadcast schedulers' links among themselves are on 127.0.0.1, hard-coded in
-    ipyparallel's controller/app.py); the connection file, the profile and the group's FileStore live in a private (0700)
-    folder on the files the hosts share. Everything is stopped on the way out (engines,
+    ipyparallel's controller/app.py); the connection file, the profile and the group's
+    FileStore live in a private (0700) folder on the files the hosts share. Everything is stopped on the way out (engines,
     ssh clients, controller, folder), whatever ended the body, Ctrl-C included."""
     import ipyparallel
 

@@ -6,8 +6,8 @@ host's ranks (its call 0: the group is up), ``CallDown`` (a live call's bodies f
 host's ranks), ``Hurry`` (a rank failed elsewhere), ``Stop`` (the stop button), ``End``
 (close the session). The agent answers ``Hello`` once, ``StoreOpen``, ``Lines`` (the
 ranks' output, live), ``CallDone`` (a call's outcome on this host), ``Ended``, or
-``Failed`` (what went wrong, in words). Both send a beat every ``BEAT_S``: a side that hears nothing for
-``SILENCE_S`` takes the link for cut.
+``Failed`` (what went wrong, in words). Both send a beat every ``BEAT_S``: a side that
+hears nothing for ``SILENCE_S`` takes the link for cut.
 
 Times cross machines as ages (seconds before the message was sent): each machine's
 ``time.monotonic()`` counts from its own boot.

@@ -212,9 +212,10 @@ class RemoteSession:
 
     def _unreachable(self, call: CallState) -> HostUnreachable:
         """What the call raises when a host was lost: which, why, and what became of all."""
+        when = "while the ranks started" if call.seq == 0 else "during the call"
         lines = [f"host {self.start_up.name(index)!r} "
-                 f"({describe_ranks(list(self.hosts.ranks_of(index)))}) was lost {'while the ranks started' if call.seq == 0 else 'during the call'}: "
-                 f"{why}" for index, why in sorted(self.lost_hosts.items())]
+                 f"({describe_ranks(list(self.hosts.ranks_of(index)))}) was lost {when}: {why}"
+                 for index, why in sorted(self.lost_hosts.items())]
         lines.append("Its ranks are gone, and the ranks on the other hosts were stopped (a "
                      "process group is all or nothing); live ranks: ranks.restart() starts new "
                      "ones on every host.")
