@@ -17,7 +17,7 @@ from ddp_lab.launch.live.session import LiveSession
 from ddp_lab.launch.network.placement import OnHost
 from ddp_lab.launch.output.echo import PlainEcho
 from ddp_lab.launch.remote.messages import (MESSAGE, Begin, CallDone, CallDown, Lines, RankEnd,
-                                            age, dumps, since)
+                                            age, dumps, failure_timed, since)
 
 
 class ForwardEcho(PlainEcho):
@@ -97,18 +97,14 @@ class HostRanks:
         failure = None
         if state.exit_time is not None:
             found = self.session.dead_rank_failure(state.rank)
-            failure = _aged(found.to_plain(), now) if found else None
+            failure = failure_timed(found.to_plain(), lambda t: age(t, now)) if found else None
         return RankEnd(self.first + state.rank, state.exitcode, age(state.exit_time, now),
                        state.stopped_by_launcher, failure)
 
 
 def _portable(reply: Reply, rank: int, now: float) -> Reply:
     """A reply with its global rank, and a failure's time as an age."""
-    body = _aged(reply.body, now) if reply.status != "ok" else reply.body
-    return Reply(reply.seq, rank, reply.status, body)
-
-
-def _aged(failure, now: float):
-    if isinstance(failure, dict) and isinstance(failure.get("time"), (int, float)):
-        return {**failure, "time": age(failure["time"], now)}
-    return failure
+    if reply.status != "ok":
+        return Reply(reply.seq, rank, reply.status,
+                     failure_timed(reply.body, lambda t: age(t, now)))
+    return Reply(reply.seq, rank, reply.status, reply.body)

@@ -142,3 +142,11 @@ def age(when: float | None, now: float | None = None) -> float | None:
 def since(seconds_ago: float | None) -> float | None:
     """An age as a monotonic time of this machine."""
     return None if seconds_ago is None else time.monotonic() - seconds_ago
+
+
+def failure_timed(failure, convert):
+    """A failure record as plain data (rank/failure.py) with its time passed through
+    ``convert`` (``age`` on a host, ``since`` at the controller); anything else as it is."""
+    if isinstance(failure, dict) and isinstance(failure.get("time"), (int, float)):
+        return {**failure, "time": convert(failure["time"])}
+    return failure

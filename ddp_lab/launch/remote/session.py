@@ -179,11 +179,12 @@ class RemoteSession:
             state.exitcode, state.exit_time = end.exitcode, m.since(end.exit_age)
             state.stopped_by_launcher = end.stopped_by_launcher
             if end.failure is not None:
-                self.failures[end.rank] = RankFailure.from_plain(_local_failure(end.failure))
+                self.failures[end.rank] = RankFailure.from_plain(
+                    m.failure_timed(end.failure, m.since))
         if done.lost and "did not stop" in done.lost:
             self.lost = stuck_report(call.pending, call.stacks)
         self.done_hosts.add(index)
-        failed_at = m.since(done.first_failure_age) if done.first_failure_age else None
+        failed_at = m.since(done.first_failure_age)
         if done.died:
             failed_at = time.monotonic()
         if failed_at is not None:
@@ -272,10 +273,4 @@ def _local(reply: Reply) -> Reply:
     """A reply with its failure's age back as a time of this machine."""
     if reply.status == "ok":
         return reply
-    return Reply(reply.seq, reply.rank, reply.status, _local_failure(reply.body))
-
-
-def _local_failure(body):
-    if isinstance(body, dict) and isinstance(body.get("time"), (int, float)):
-        return {**body, "time": m.since(body["time"])}
-    return body
+    return Reply(reply.seq, reply.rank, reply.status, m.failure_timed(reply.body, m.since))
